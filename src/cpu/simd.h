@@ -1,0 +1,99 @@
+/* simd.h : the CPU backend's vector primitives, one table per SIMD path.
+ *
+ * simd_scalar.c, simd_avx2.c and simd_avx512.c each fill one fc_simd_ops and
+ * are compiled with their own -m flags; simd.c picks the table at run time
+ * from the CPU's features (or FLASHC_SIMD / flashc_set_simd). Kernel code calls
+ * only through fc_simd() so that every path runs the same algorithm.
+ *
+ * All matrices are fp32, row-major, with leading dimensions in elements.
+ */
+#ifndef FLASHC_CPU_SIMD_H
+#define FLASHC_CPU_SIMD_H
+
+#include "../internal.h"
+
+/* Score modifiers of a block x[M][N] (leading dimension ld). Element (r, c)
+ * has the relative key position d = d0 + r*dr + c*dc (key index minus the
+ * query's bottom-right diagonal i + Sk - Sq). Applied in this order:
+ *   cap != 0:   x = cap * tanh(x)
+ *   slope != 0: x -= slope * |d|                      (ALiBi)
+ *   x = -inf where (wl >= 0 and d < -wl) or (wr >= 0 and d > wr)
+ * cap and slope are in the units of x (log2 scores: multiplied by log2 e).
+ * Every d of the block must fit in int32. */
+typedef struct fc_score_mod {
+    float cap;      /* 0 = off */
+    float slope;    /* 0 = off */
+    int64_t d0;
+    int32_t dr, dc; /* +1 or -1 */
+    int32_t wl, wr; /* window, -1 = unbounded */
+} fc_score_mod;
+
+typedef struct fc_simd_ops {
+    flashc_simd level;
+    /* C[M][N] = (acc ? C : 0) + A[M][K] * B[K][N] */
+    void (*gemm_nn)(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                    float *C, int ldc, int acc);
+    /* C[M][N] = (acc ? C : 0) + A[M][K] * B[N][K]^T */
+    void (*gemm_nt)(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                    float *C, int ldc, int acc);
+    /* C[M][N] = (acc ? C : 0) + A[K][M]^T * B[K][N] */
+    void (*gemm_tn)(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                    float *C, int ldc, int acc);
+    /* x[i] = exp2(x[i] - m) for i < n (exp2(-inf) = 0); returns the sum of the new x */
+    float (*exp2_sum)(int n, float *x, float m);
+    /* max of x[0..n), -inf for n == 0 */
+    float (*max)(int n, const float *x);
+    /* x[i] *= s */
+    void (*scale)(int n, float *x, float s);
+    /* dst[i] = mul * (float)src[i] for n elements of dtype dt (fp32, fp16, bf16) */
+    void (*load)(flashc_dtype dt, int n, const void *src, float *dst, float mul);
+    /* dst[i] = (dtype)(mul * src[i]), round to nearest even */
+    void (*store)(flashc_dtype dt, int n, const float *src, void *dst, float mul);
+    /* Modifiers of a block x[M][N] of scores (see fc_score_mod). */
+    void (*score_mod)(int M, int N, float *x, int ld, const fc_score_mod *mod);
+    /* Online softmax down the columns of x[M][N]: column c holds one query's
+     * scores of M keys in log2 units. With mo = m[c] on entry:
+     *   m[c] = max(mo, max_r x[r][c]), u = (m[c] == -inf ? 0 : m[c]),
+     *   x[r][c] = exp2(x[r][c] - u), alpha[c] = exp2(mo - u),
+     *   l[c] = alpha[c] * l[c] + sum_r x[r][c].
+     * So a column that has seen only -inf keeps x = 0, alpha = 0, l = 0. */
+    void (*softmax_cols)(int M, int N, float *x, int ld, float *m, float *l, float *alpha);
+    /* Dropout down the columns of x[M][N]: element (r, c) is key j0 + r of
+     * query i0 + c of bh = b * H + h; kept elements (fc_dropout_keep of
+     * philox.h with seed, offset, threshold) are multiplied by scale, dropped
+     * ones become 0. */
+    void (*dropout_cols)(int M, int N, float *x, int ld, uint64_t seed, uint64_t offset,
+                         uint32_t bh, uint32_t i0, int64_t j0, uint32_t threshold, float scale);
+
+    /* ---- bf16 dot products (optional) ----
+     * NULL where the path has none; usable only when flashc_cpu_features()
+     * has every bit of bf16_cpu. Operands hold bf16 pairs: one uint32 carries
+     * elements 2p (low half) and 2p+1 (high half) of the inner dimension, which
+     * has K2 pairs (an odd length is padded with a zero). Leading dimensions
+     * of A and B count pairs. Products are exact, sums fp32. */
+    unsigned bf16_cpu;
+    /* C[M][N] = (acc ? C : 0) + scale * sum_p A[m][p] . B[p][n] */
+    void (*gemm_bf16_nn)(int M, int N, int K2, const uint32_t *A, int lda, const uint32_t *B,
+                         int ldb, float *C, int ldc, float scale, int acc);
+    /* C[M][N] = (acc ? C : 0) + scale * sum_p A[p][m] . B[p][n] */
+    void (*gemm_bf16_tn)(int M, int N, int K2, const uint32_t *A, int lda, const uint32_t *B,
+                         int ldb, float *C, int ldc, float scale, int acc);
+    /* dst[i] = bf16(r0[i]) | bf16(r1[i]) << 16 for i < n: two rows of dtype dt
+     * (fp32 or bf16) interleaved into pairs, fp32 rounded to nearest even
+     * (denormals may flush to 0); r1 == NULL gives 0 high halves. */
+    void (*pack_pairs)(flashc_dtype dt, int n, const void *r0, const void *r1, uint32_t *dst);
+} fc_simd_ops;
+
+/* The active table (never NULL). */
+const fc_simd_ops *fc_simd(void);
+
+/* Tables of the three paths; a path's table is NULL when the build lacks it. */
+extern const fc_simd_ops fc_simd_scalar_ops;
+#if defined(FLASHC_HAVE_AVX2)
+extern const fc_simd_ops fc_simd_avx2_ops;
+#endif
+#if defined(FLASHC_HAVE_AVX512)
+extern const fc_simd_ops fc_simd_avx512_ops;
+#endif
+
+#endif /* FLASHC_CPU_SIMD_H */
