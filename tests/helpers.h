@@ -1,0 +1,146 @@
+/* helpers.h : what the numeric tests share (test_fwd.c, test_varlen.c, test_bwd.c,
+ * test_kvcache.c, test_dropout.c): strided tensors in buffers of their own, poisoned
+ * outputs with a check that nothing outside them was written, workspaces with a
+ * canary, the option set of a case and its name, and the SIMD path / thread count
+ * a case runs under.
+ *
+ * Every check records failures through fc_test.h; nothing here aborts a run.
+ */
+#ifndef FLASHC_TEST_HELPERS_H
+#define FLASHC_TEST_HELPERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fc_test.h"
+#include "flashc.h"
+
+// ---- buffers and views ----
+
+/* One allocation holding one or more views, with a snapshot of its bytes so a
+ * check can tell that elements outside an output view were left alone. */
+typedef struct th_buf {
+    void *data;
+    flashc_dtype dt;
+    int64_t n;  /* elements */
+    void *snap; /* copy of data at the last th_snapshot(), or NULL */
+} th_buf;
+
+/* How a tensor sits in its buffer.
+ * TH_CONTIG  row-major.
+ * TH_PADDED  every stride but the last larger than needed (gaps between heads,
+ *            rows and batches) and a nonzero start offset.
+ * TH_BHSD    4-d only: memory is [d0, d2, d1, d3] (heads outside tokens), the
+ *            view is [d0, d1, d2, d3]. */
+typedef enum { TH_CONTIG = 0, TH_PADDED, TH_BHSD } th_layout;
+
+/* What a case allocates, freed in one call at its end (so an early return
+ * from a failed expectation leaks nothing). */
+typedef struct th_arena {
+    th_buf bufs[40];
+    int nbufs;
+    void *ptrs[96];
+    int nptrs;
+} th_arena;
+
+/* A fresh zeroed th_buf owned by a. */
+th_buf *th_buf_in(th_arena *a);
+/* Register malloc'd p with a; returns p. */
+void *th_keep(th_arena *a, void *p);
+/* n doubles owned by a (uninitialised). */
+double *th_dbl(th_arena *a, int64_t n);
+void th_arena_free(th_arena *a);
+
+/* A buffer of n elements filled with uniform [lo, hi) (int32: 0). */
+void th_buf_new(th_buf *b, flashc_dtype dt, int64_t n, double lo, double hi);
+void th_buf_free(th_buf *b);
+void th_snapshot(th_buf *b);
+
+/* A view of b at element offset off. */
+flashc_tensor th_view(const th_buf *b, int64_t off, int ndim, const int64_t *shape,
+                      const int64_t *stride);
+
+/* A new buffer with one tensor in layout lay; the whole buffer (padding
+ * included) is uniform [lo, hi). */
+flashc_tensor th_new(th_buf *b, flashc_dtype dt, int ndim, const int64_t *shape, th_layout lay,
+                     double lo, double hi);
+/* An output: th_new, snapshot, then the view poisoned (NaN). */
+flashc_tensor th_new_out(th_buf *b, flashc_dtype dt, int ndim, const int64_t *shape,
+                         th_layout lay);
+/* An int32 tensor [n] (ndim 1) or a scalar (ndim 0) holding vals, in its own buffer. */
+flashc_tensor th_new_i32(th_buf *b, int ndim, int64_t n, const int32_t *vals);
+
+int64_t th_numel(const flashc_tensor *t);
+/* Element offsets of every element of t, in logical row-major order (malloc'd). */
+int64_t *th_offsets(const flashc_tensor *t);
+/* Poison the view (NaN) and take a snapshot of the buffer. */
+void th_poison(th_buf *b, const flashc_tensor *t);
+/* 1 if every element of b outside the views t[0..nt) equals the snapshot
+ * bitwise; otherwise records a failure naming what. */
+int th_check_outside(const char *what, const th_buf *b, const flashc_tensor *t, int nt);
+/* Refill the view's elements with uniform [lo, hi). */
+void th_fill_view(const flashc_tensor *t, double lo, double hi);
+/* Store dense src (logical row-major) into the view, rounded to its dtype. */
+void th_store_dense(const flashc_tensor *t, const double *src);
+/* Dense double copy of a view, logical row-major (malloc'd). */
+double *th_to_double(const flashc_tensor *t);
+/* fc_check_close of a view against dense references. */
+int th_check(const char *what, flashc_dtype dt, const flashc_tensor *got, const double *ref64,
+             const double *lowp);
+
+/* Dropout signs: every element where both got and ref are nonzero must have
+ * the same sign (a dropped probability is negated). Records a failure. */
+int th_check_signs(const char *what, const double *got, const double *ref, int64_t n);
+/* Rows that see no key: where lse[(b*H + h)*Sq + i] is -inf (dense [B, H, Sq]),
+ * out (dense [B, Sq, H, D]) must be exactly 0. Records a failure. */
+int th_check_masked_rows(const double *lse, const double *out, int64_t B, int64_t Sq, int64_t H,
+                         int64_t D);
+
+// ---- workspace ----
+
+/* A workspace of `bytes` aligned to FLASHC_WORKSPACE_ALIGN, followed by a
+ * canary; NULL for 0 bytes. th_ws_free checks the canary (a failure if the
+ * library wrote past `bytes`). */
+void *th_ws_new(size_t bytes);
+void th_ws_free(void *ws, size_t bytes);
+
+// ---- options of a case ----
+
+typedef struct th_opts {
+    int causal;
+    int wl, wr;    /* window; -1 unbounded */
+    float softcap; /* 0 off */
+    int alibi;     /* 0 off, 1 slopes [H], 2 slopes [B, H] */
+    float dropout; /* 0 off */
+    float scale;   /* 0 = 1/sqrt(D) */
+} th_opts;
+
+#define TH_OPTS_NONE {0, -1, -1, 0.0f, 0, 0.0f, 0.0f}
+
+/* params for o; the dropout seed and offset are drawn from the case's random
+ * numbers (a 64-bit seed with both halves used). */
+flashc_params th_params(const th_opts *o);
+/* Append o's name ("/causal/wl8/wr3/cap1.5/alibiBH/drop0.17/scale0.3") to buf. */
+void th_opts_name(char *buf, size_t n, const th_opts *o);
+/* ALiBi slopes for kind 1 ([H]) or 2 ([B, H]) in b; absent tensor for kind 0. */
+flashc_tensor th_alibi_new(th_buf *b, int kind, int64_t B, int64_t H);
+
+// ---- SIMD path and threads ----
+
+/* simd: -1 default, else a flashc_simd; threads: 0 default, else a count. */
+typedef struct th_env {
+    int simd, threads;
+    flashc_simd saved;
+} th_env;
+
+/* Switch to e's path and thread count. Returns 0 (nothing switched) when this
+ * CPU lacks the path: the case then passes without running. */
+int th_env_enter(th_env *e);
+void th_env_leave(th_env *e);
+/* Append "/simd=avx2/threads=1" parts to buf for the fields that are set. */
+void th_env_name(char *buf, size_t n, int simd, int threads);
+
+/* Random permutation of 0 .. n-1 in p (from the case's random numbers). */
+void th_shuffle(int32_t *p, int64_t n);
+
+#endif /* FLASHC_TEST_HELPERS_H */

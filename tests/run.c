@@ -1,0 +1,190 @@
+/* run.c : the test runner. Runs every registered case (or those whose name
+ * contains the first argument), each with its own random seed, and prints
+ * "N passed, N failed" last. `flashc_tests -l` lists the cases. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/internal.h"
+#include "fc_test.h"
+
+typedef struct {
+    char *name;
+    fc_test_fn fn;
+    const void *param;
+} fc_case;
+
+static fc_case *fc_cases;
+static int fc_ncases, fc_capcases;
+static int fc_cur_failed;
+static int fc_cur_fail_prints;
+static const char *fc_cur_name;
+
+void fc_test_add(const char *name, fc_test_fn fn, const void *param) {
+    if (fc_ncases == fc_capcases) {
+        fc_capcases = fc_capcases ? 2 * fc_capcases : 256;
+        fc_cases = (fc_case *)realloc(fc_cases, (size_t)fc_capcases * sizeof *fc_cases);
+        if (!fc_cases) abort();
+    }
+    size_t len = strlen(name) + 1;
+    char *copy = (char *)malloc(len);
+    if (!copy) abort();
+    memcpy(copy, name, len);
+    fc_cases[fc_ncases].name = copy;
+    fc_cases[fc_ncases].fn = fn;
+    fc_cases[fc_ncases].param = param;
+    fc_ncases++;
+}
+
+void fc_test_fail(const char *file, int line, const char *fmt, ...) {
+    fc_cur_failed = 1;
+    if (fc_cur_fail_prints++ >= 8) return; /* enough to diagnose */
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stdout, "  FAIL %s (%s:%d): ", fc_cur_name, file, line);
+    vfprintf(stdout, fmt, ap);
+    fputc('\n', stdout);
+    va_end(ap);
+}
+
+int fc_test_failed(void) { return fc_cur_failed; }
+
+/* ---- random numbers ---- */
+static uint64_t fc_rng_state = 0x9e3779b97f4a7c15ull;
+
+static void fc_rand_seed(const char *name) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a of the case name */
+    for (const char *c = name; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    const char *env = getenv("FLASHC_TEST_SEED");
+    if (env) h ^= strtoull(env, NULL, 10) * 0x9e3779b97f4a7c15ull;
+    fc_rng_state = h ? h : 1;
+}
+
+uint64_t fc_rand_u64(void) {
+    uint64_t x = fc_rng_state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    fc_rng_state = x;
+    return x * 2685821657736338717ull;
+}
+
+double fc_rand_uniform(double lo, double hi) {
+    return lo + (hi - lo) * (double)(fc_rand_u64() >> 11) * (1.0 / 9007199254740992.0);
+}
+
+void fc_fill_random(void *p, flashc_dtype dt, int64_t n, double lo, double hi) {
+    for (int64_t i = 0; i < n; i++) {
+        double v = fc_rand_uniform(lo, hi);
+        if (dt == FLASHC_DTYPE_INT32) ((int32_t *)p)[i] = (int32_t)v;
+        else fc_store(dt, p, i, (float)v);
+    }
+}
+
+void fc_poison(void *p, flashc_dtype dt, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        if (dt == FLASHC_DTYPE_INT32) ((int32_t *)p)[i] = INT32_MIN;
+        else fc_store(dt, p, i, NAN);
+    }
+}
+
+double fc_get(const void *p, flashc_dtype dt, int64_t i) {
+    if (dt == FLASHC_DTYPE_INT32) return ((const int32_t *)p)[i];
+    return fc_load(dt, p, i);
+}
+
+void fc_tensor_to_double(const flashc_tensor *t, double *dst) {
+    int64_t shape[FLASHC_MAX_DIMS] = {1, 1, 1, 1}, stride[FLASHC_MAX_DIMS] = {0, 0, 0, 0};
+    int off = FLASHC_MAX_DIMS - t->ndim; /* right-align into 4 dims */
+    for (int d = 0; d < t->ndim; d++) {
+        shape[off + d] = t->shape[d];
+        stride[off + d] = t->stride[d];
+    }
+    int64_t k = 0;
+    for (int64_t a = 0; a < shape[0]; a++)
+        for (int64_t b = 0; b < shape[1]; b++)
+            for (int64_t c = 0; c < shape[2]; c++)
+                for (int64_t d = 0; d < shape[3]; d++)
+                    dst[k++] = fc_get(t->data, t->dtype,
+                                      a * stride[0] + b * stride[1] + c * stride[2] + d * stride[3]);
+}
+
+/* ---- the tolerance rule ---- */
+double fc_atol(flashc_dtype dt) {
+    switch (dt) {
+    case FLASHC_DTYPE_BF16: return 1.0 / 256.0;
+    case FLASHC_DTYPE_FP16: return 1.0 / 2048.0;
+    default: return 1e-5;
+    }
+}
+
+double fc_max_abs_err(const double *x, const double *ref, int64_t n) {
+    double m = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(x[i]) != isnan(ref[i])) return INFINITY;
+        if (isnan(x[i])) continue;
+        if (isinf(x[i]) || isinf(ref[i])) {
+            if (x[i] != ref[i]) return INFINITY;
+            continue;
+        }
+        double e = fabs(x[i] - ref[i]);
+        if (e > m) m = e;
+    }
+    return m;
+}
+
+int fc_check_close(const char *what, flashc_dtype dt, const double *got, const double *ref64,
+                   const double *lowp, int64_t n) {
+    double scale = 1.0;
+    for (int64_t i = 0; i < n; i++)
+        if (isfinite(ref64[i]) && fabs(ref64[i]) > scale) scale = fabs(ref64[i]);
+    double err = fc_max_abs_err(got, ref64, n);
+    double base = lowp ? fc_max_abs_err(lowp, ref64, n) : 0.0;
+    if (!isfinite(base)) base = 0.0; /* a baseline overflow must not loosen the bound */
+    double tol = 2.0 * base + fc_atol(dt) * scale;
+    if (err <= tol) return 1;
+    fc_test_fail(__FILE__, __LINE__, "%s: max err %.3g > tol %.3g (baseline err %.3g, n=%lld)", what,
+                 err, tol, base, (long long)n);
+    int shown = 0;
+    for (int64_t i = 0; i < n && shown < 4; i++) {
+        int bad = isnan(got[i]) || (isinf(got[i]) || isinf(ref64[i]) ? got[i] != ref64[i]
+                                                                       : fabs(got[i] - ref64[i]) > tol);
+        if (bad) {
+            fprintf(stdout, "    [%lld] got %.9g want %.9g\n", (long long)i, got[i], ref64[i]);
+            shown++;
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *filter = NULL;
+    int list = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "-l") == 0) list = 1;
+        else filter = argv[i];
+    }
+    int passed = 0, failed = 0;
+    for (int c = 0; c < fc_ncases; c++) {
+        if (filter && !strstr(fc_cases[c].name, filter)) continue;
+        if (list) {
+            printf("%s\n", fc_cases[c].name);
+            continue;
+        }
+        fc_cur_name = fc_cases[c].name;
+        fc_cur_failed = 0;
+        fc_cur_fail_prints = 0;
+        fc_rand_seed(fc_cur_name);
+        fc_cases[c].fn(fc_cases[c].param);
+        if (fc_cur_failed) {
+            failed++;
+            printf("not ok %s\n", fc_cur_name);
+        } else {
+            passed++;
+        }
+        fflush(stdout);
+    }
+    if (!list) printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
