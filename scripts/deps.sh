@@ -1,0 +1,18 @@
+# deps.sh : sourced by run.sh and test.sh. Installs cmake and a C compiler when
+# missing (as root, from the distribution), and puts nvcc on PATH when the CUDA
+# toolkit sits in /usr/local/cuda, so that CMake builds the CUDA backend.
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v cc >/dev/null || need+=(build-essential)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && apt-get install -y -qq "${need[@]}"
+  else
+    echo "please install: ${need[*]}" >&2
+    exit 1
+  fi
+fi
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
+jobs=$(nproc 2>/dev/null || echo 2)

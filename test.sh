@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# test.sh : build flashc and run its tests (the command README.md names and CI runs).
+# Installs what it needs on a fresh Debian/Ubuntu machine, builds the library with
+# the CUDA backend compiled when nvcc is present (compile only: the GPU tests need a
+# GPU), runs the CPU test suite, then rebuilds with ASan + UBSan and runs it again.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+source scripts/deps.sh
+
+echo "== build (Release) =="
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j"$jobs"
+
+echo "== build (ASan + UBSan, CPU only) =="
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHC_SANITIZE=ON -DFLASHC_CUDA=OFF
+cmake --build build-asan -j"$jobs" --target flashc_tests
+
+echo "== tests under ASan + UBSan =="
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+  ./build-asan/flashc_tests
+
+echo "== tests (Release) =="
+./build/flashc_tests
