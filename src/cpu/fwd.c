@@ -1,0 +1,493 @@
+/* fwd.c : the CPU attention forward, FlashAttention-2 (Dao, "FlashAttention-2:
+ * Faster Attention with Better Parallelism and Work Partitioning", 2023,
+ * Algorithm 1), for batched, varlen, paged and kvcache problems alike.
+ *
+ * Names as in the paper. A task owns one query tile Qi (Br rows) of one
+ * (b, h) and walks the key blocks Kj, Vj (Bc rows) that some row of the tile
+ * can see, keeping per query row the running max m, the running sum l and the
+ * unnormalised output Oi, all in fp32:
+ *     S = Qi Kj^T,  m' = max(m, rowmax S),  P = exp2(S - m'),
+ *     l = exp2(m - m') l + rowsum P,  Oi = exp2(m - m') Oi + P Vj,
+ * and at the end Oi / l is written once in the dtype, lse = (m + log2 l) ln 2.
+ *
+ * Scores live in log2 units: Q K^T is multiplied by scale * log2(e) (by
+ * scale / softcap when softcap is on, the cap then multiplying tanh by
+ * softcap * log2(e)), ALiBi slopes are multiplied by log2(e), and the softmax
+ * runs on exp2. The fp32 path folds the factor into Qi as it is loaded.
+ *
+ * Layout: the tile holds Qi^T (D x Br) and computes S^T = Kj Qi^T (keys down,
+ * queries across). The softmax then runs down the columns of S^T with each
+ * query's m and l in a vector lane (no horizontal reductions), Kj is the
+ * broadcast operand of gemm_nn as plain rows (no transpose per block), and
+ * Oi += P Vj is gemm_tn of P^T. fp32 K and V that are not paged are read in
+ * place; other dtypes and layouts are converted to fp32 rows once per block, a
+ * cost the Br rows of the tile share. The next block's rows are prefetched
+ * while this one computes (they sit a head stride apart, beyond the reach of
+ * the hardware prefetchers).
+ *
+ * bf16 on a path with bf16 dot products (AVX512_BF16): both GEMMs run on bf16
+ * pairs (simd.h), twice the fp32 rate. Qi^T and Kj are the inputs as they are;
+ * P is rounded to bf16 for P Vj, as FlashAttention-2 does on the GPU, while l
+ * sums the fp32 P; the factor of the scores is applied to the fp32 product.
+ *
+ * Masks: blocks no row of the tile sees are skipped; blocks every row sees
+ * whole skip the element mask; only the boundary blocks of causal or local
+ * windows pay for it. Dropout (philox.h) scales kept P by 1/(1-p) after l has
+ * taken the undropped P. attn_probs, a testing aid, is a second pass per tile
+ * once lse is known.
+ *
+ * Not here: vector code (simd_*.c), argument checks (api.c), the KV append and
+ * rotary of the decode entry (kvcache.c), split-KV, packing the query heads of
+ * one kv head into one tile (GQA decode converts Kj, Vj once per query head).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "../common/philox.h"
+#include "pool.h"
+#include "simd.h"
+
+/* ---- tile sizes ---- */
+/* Br query rows per task, Bc key rows per block, by head dim; the first row
+ * whose max_d >= D applies. The micro-kernels are 6 x 64 (simd_avx512.c), so
+ * Br = 128 is two 64-wide column panels of S^T. Measured on Zen4 (1 MB L2,
+ * 32 KB L1d per core), one thread, S = 2k..8k, D = 64/128/256, fp32 and bf16:
+ * every (Br, Bc) in 64..256 x 64..192 lands within ~5% of the best, so the
+ * table keeps the working set of a tile (Qi^T, Oi: Br x D; S^T: Bc x Br;
+ * Kj, Vj: Bc x D; fp32: 320 KB at D = 128, 576 KB at D = 256) inside L2 with
+ * room for the next block's prefetched rows. Larger Br reads K and V fewer
+ * times (each tile streams them from L3: 2/Br bytes per FLOP) and shares the
+ * per-block work (conversion, softmax, rescaling Oi) over more FLOPs; smaller
+ * Br wastes less on causal diagonals (Br / S of the causal work). Small D
+ * takes the longer key blocks: its FLOPs per key are fewer. */
+typedef struct fc_fwd_tiles {
+    int64_t max_d;
+    int Br, Bc;
+} fc_fwd_tiles;
+
+static const fc_fwd_tiles fc_fwd_tile_table[] = {
+    {64, 128, 192},
+    {INT64_MAX, 128, 128},
+};
+
+static fc_fwd_tiles fc_fwd_pick_tiles(int64_t D) {
+    size_t n = sizeof fc_fwd_tile_table / sizeof fc_fwd_tile_table[0];
+    for (size_t i = 0; i + 1 < n; i++)
+        if (D <= fc_fwd_tile_table[i].max_d) return fc_fwd_tile_table[i];
+    return fc_fwd_tile_table[n - 1];
+}
+
+/* ---- workspace ---- */
+/* One thread's scratch, fp32 unless said (pairs: uint32 bf16 pairs, see
+ * simd.h; only the bf16 dot-product path uses them): */
+enum {
+    FC_FWD_QT,    /* (D, ldq)   Qi^T, scaled; pairs: (D/2, ldq) unscaled */
+    FC_FWD_O,     /* (Br, ldd)  Oi, unnormalised */
+    FC_FWD_ST,    /* (Bc, ldq)  S^T, then P^T */
+    FC_FWD_K,     /* (Bc, ldd)  Kj; pairs: (Bc, ldd) rows of D/2 pairs */
+    FC_FWD_V,     /* (Bc, ldd)  Vj; pairs: (Bc/2, ldd), rows 2q and 2q+1 */
+    FC_FWD_P2,    /* pairs: (Bc/2, ldq) P^T, rows 2q and 2q+1 in bf16 */
+    FC_FWD_M,     /* (ldq)      running max, log2 units */
+    FC_FWD_L,     /* (ldq)      running sum */
+    FC_FWD_ALPHA, /* (ldq)      exp2(m_old - m_new) of the last block */
+    FC_FWD_LSE2,  /* (ldq)      m + log2 l, for attn_probs */
+    FC_FWD_NBUF
+};
+
+typedef struct fc_fwd_plan {
+    int Br, Bc;
+    int ldq;                 /* Br rounded up to 16: rows of Qi^T and S^T */
+    int ldd;                 /* D rounded up to 16: rows of Oi, Kj, Vj */
+    int dot;                 /* bf16 inputs on a path with bf16 dot products */
+    size_t buf[FC_FWD_NBUF]; /* byte offsets inside one thread's scratch */
+    size_t thread_bytes;     /* one thread's scratch, whole cache lines */
+    int nthreads;
+    size_t off_task0;   /* (B+1) int64: first task of sequence b */
+    size_t off_scratch; /* nthreads x thread_bytes */
+    size_t total;
+} fc_fwd_plan;
+
+/* The bf16 dot-product kernels of the active path, when they apply. */
+static int fc_fwd_use_dot(const fc_attn *a, const fc_simd_ops *ops) {
+    return a->dtype == FLASHC_DTYPE_BF16 && ops->gemm_bf16_nn && ops->gemm_bf16_tn &&
+           ops->pack_pairs && (flashc_cpu_features() & ops->bf16_cpu) == ops->bf16_cpu;
+}
+
+/* Size and carving of the workspace, both from here. The size does not depend
+ * on the SIMD path (bf16 problems always reserve the pair buffers). */
+static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_plan *p) {
+    fc_fwd_tiles t = fc_fwd_pick_tiles(a->head_dim);
+    p->Br = t.Br;
+    p->Bc = t.Bc;
+    p->ldq = (t.Br + 15) / 16 * 16;
+    p->ldd = (int)((a->head_dim + 15) / 16 * 16);
+    p->dot = fc_fwd_use_dot(a, ops);
+    size_t f = sizeof(float), D = (size_t)a->head_dim;
+    size_t pairs = (size_t)(t.Bc + 1) / 2;
+    size_t sizes[FC_FWD_NBUF] = {
+        [FC_FWD_QT] = D * p->ldq * f,
+        [FC_FWD_O] = (size_t)t.Br * p->ldd * f,
+        [FC_FWD_ST] = (size_t)t.Bc * p->ldq * f,
+        [FC_FWD_K] = (size_t)t.Bc * p->ldd * f,
+        [FC_FWD_V] = (size_t)t.Bc * p->ldd * f,
+        [FC_FWD_P2] = a->dtype == FLASHC_DTYPE_BF16 ? pairs * p->ldq * f : 0,
+        [FC_FWD_M] = p->ldq * f,
+        [FC_FWD_L] = p->ldq * f,
+        [FC_FWD_ALPHA] = p->ldq * f,
+        [FC_FWD_LSE2] = p->ldq * f,
+    };
+    p->thread_bytes = fc_ws_layout(FC_FWD_NBUF, sizes, p->buf);
+    p->nthreads = fc_cpu_num_threads();
+    size_t regions[2] = {(size_t)(a->batch + 1) * sizeof(int64_t),
+                         (size_t)p->nthreads * p->thread_bytes};
+    size_t offs[2];
+    p->total = fc_ws_layout(2, regions, offs);
+    p->off_task0 = offs[0];
+    p->off_scratch = offs[1];
+}
+
+size_t fc_cpu_fwd_workspace(const fc_attn *a) {
+    fc_fwd_plan p;
+    fc_fwd_plan_make(a, fc_simd(), &p);
+    return p.total;
+}
+
+/* ---- one task: a query tile of one (b, h) ---- */
+typedef struct fc_fwd_ctx {
+    const fc_attn *a;
+    const fc_simd_ops *ops;
+    const fc_fwd_plan *plan;
+    const int64_t *task0; /* (B+1) */
+    char *scratch;
+    float qmul;      /* multiplies Q K^T: scale log2(e), or scale / softcap */
+    float cap;       /* softcap log2(e), 0 = off */
+    float alibi_mul; /* log2(e): slopes into log2 units */
+    double ln2;
+    uint32_t drop_thr;
+    float drop_scale; /* 1 / (1 - p) */
+} fc_fwd_ctx;
+
+typedef struct fc_fwd_tile {
+    int64_t b, h, hk;
+    int64_t sq, sk;
+    int64_t i0;               /* first query row */
+    int nq;                   /* rows in the tile */
+    int64_t diag0;            /* i0 + sk - sq: the diagonal of row i0 */
+    int64_t jlo, jhi;         /* keys some row sees */
+    int64_t jlo_all, jhi_all; /* keys every row sees */
+    float *qt, *o, *st, *k, *v, *m, *l, *alpha, *lse2;
+    uint32_t *p2; /* pairs */
+} fc_fwd_tile;
+
+/* Rows j0 .. j0+nk-1 of operand v (k or v) of sequence b, kv head hk, as fp32
+ * rows *ld apart: the operand itself when it is fp32 with evenly spaced rows
+ * (not paged), else converted into buf. */
+static const float *fc_fwd_rows(const fc_fwd_ctx *x, const fc_view *v, const fc_fwd_tile *t,
+                                int64_t j0, int nk, float *buf, int *ld) {
+    const fc_attn *a = x->a;
+    size_t es = flashc_dtype_size(a->dtype);
+    if (a->dtype == FLASHC_DTYPE_FP32 && !a->block_table && v->s_seq <= INT32_MAX) {
+        *ld = (int)v->s_seq;
+        return (const float *)v->ptr + fc_kv_row(a, v, t->b, j0) + t->hk * v->s_head;
+    }
+    for (int r = 0; r < nk; r++) {
+        int64_t off = fc_kv_row(a, v, t->b, j0 + r) + t->hk * v->s_head;
+        x->ops->load(a->dtype, (int)a->head_dim, (const char *)v->ptr + off * (int64_t)es,
+                     buf + (size_t)r * x->plan->ldd, 1.0f);
+    }
+    *ld = x->plan->ldd;
+    return buf;
+}
+
+/* Start moving `bytes` at p towards the cache (L2). */
+static void fc_fwd_prefetch_row(const char *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
+}
+
+/* Start moving rows [j0, j0+nk) of operand v towards the cache: the rows of a
+ * block sit a head stride apart, often a page each, out of reach of the
+ * hardware prefetchers, and the loads of the next block would otherwise wait
+ * on memory while the micro-kernels idle. */
+static void fc_fwd_prefetch(const fc_fwd_ctx *x, const fc_view *v, const fc_fwd_tile *t, int64_t j0,
+                            int nk) {
+    const fc_attn *a = x->a;
+    size_t es = flashc_dtype_size(a->dtype);
+    for (int r = 0; r < nk; r++)
+        fc_fwd_prefetch_row((const char *)v->ptr +
+                                (fc_kv_row(a, v, t->b, j0 + r) + t->hk * v->s_head) * (int64_t)es,
+                            (size_t)a->head_dim * es);
+}
+
+/* S^T of keys [j0, j0+nk) with softcap and ALiBi applied, masked where
+ * `edge` (some row of the tile does not see every key of the block). */
+static void fc_fwd_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk, int edge) {
+    const fc_attn *a = x->a;
+    const fc_fwd_plan *p = x->plan;
+    if (p->dot) {
+        /* bf16 rows are already pairs; an odd D gets a zero high half */
+        int D = (int)a->head_dim;
+        uint32_t *k2 = (uint32_t *)t->k;
+        for (int r = 0; r < nk; r++) {
+            int64_t off = fc_kv_row(a, &a->k, t->b, j0 + r) + t->hk * a->k.s_head;
+            uint16_t *dst = (uint16_t *)(k2 + (size_t)r * p->ldd);
+            memcpy(dst, (const uint16_t *)a->k.ptr + off, (size_t)D * sizeof(uint16_t));
+            if (D & 1) dst[D] = 0;
+        }
+        x->ops->gemm_bf16_nn(nk, t->nq, (D + 1) / 2, k2, p->ldd, (const uint32_t *)t->qt, p->ldq,
+                             t->st, p->ldq, x->qmul, 0);
+    } else {
+        int ldk;
+        const float *k = fc_fwd_rows(x, &a->k, t, j0, nk, t->k, &ldk);
+        x->ops->gemm_nn(nk, t->nq, (int)a->head_dim, k, ldk, t->qt, p->ldq, t->st, p->ldq, 0);
+    }
+    fc_score_mod mod = {
+        .cap = x->cap,
+        .slope = fc_alibi_slope(a, t->b, t->h) * x->alibi_mul,
+        .d0 = j0 - t->diag0, /* element (r, c): key j0 + r, query i0 + c */
+        .dr = 1,
+        .dc = -1,
+        .wl = edge ? a->window_left : -1,
+        .wr = edge ? a->window_right : -1,
+    };
+    if (mod.cap != 0.0f || mod.slope != 0.0f || mod.wl >= 0 || mod.wr >= 0)
+        x->ops->score_mod(nk, t->nq, t->st, p->ldq, &mod);
+}
+
+/* Row c of the tile in attn_probs. */
+static float *fc_fwd_probs_row(const fc_attn *a, const fc_fwd_tile *t, int c) {
+    return a->probs + t->b * a->probs_s_batch + t->h * a->probs_s_head +
+           (t->i0 + c) * a->probs_s_row;
+}
+
+/* attn_probs rows of the tile: exp2(s - lse2) where visible, 0 where masked,
+ * negated where dropped; 0 past the sequence's keys. */
+static void fc_fwd_probs(const fc_fwd_ctx *x, fc_fwd_tile *t) {
+    const fc_attn *a = x->a;
+    const fc_fwd_plan *p = x->plan;
+    uint32_t bh = (uint32_t)(t->b * a->heads + t->h);
+    for (int64_t j0 = 0; j0 < t->sk; j0 += p->Bc) {
+        int nk = (int)(t->sk - j0 < p->Bc ? t->sk - j0 : p->Bc);
+        if (j0 + nk <= t->jlo || j0 >= t->jhi) {
+            for (int c = 0; c < t->nq; c++)
+                memset(fc_fwd_probs_row(a, t, c) + j0, 0, (size_t)nk * sizeof(float));
+            continue;
+        }
+        fc_fwd_scores(x, t, j0, nk, 1);
+        for (int r = 0; r < nk; r++) {
+            const float *s = t->st + (size_t)r * p->ldq;
+            int64_t j = j0 + r;
+            for (int c = 0; c < t->nq; c++) {
+                float pr = 0.0f;
+                if (s[c] != -INFINITY && t->lse2[c] != -INFINITY) {
+                    pr = exp2f(s[c] - t->lse2[c]);
+                    if (a->dropout_p > 0.0f &&
+                        !fc_dropout_keep(a->seed, a->offset, bh, (uint32_t)(t->i0 + c), (uint64_t)j,
+                                         x->drop_thr))
+                        pr = -pr;
+                }
+                fc_fwd_probs_row(a, t, c)[j] = pr;
+            }
+        }
+    }
+    for (int c = 0; c < t->nq; c++)
+        if (a->max_seqlen_k > t->sk)
+            memset(fc_fwd_probs_row(a, t, c) + t->sk, 0,
+                   (size_t)(a->max_seqlen_k - t->sk) * sizeof(float));
+}
+
+/* Oi += P Vj with bf16 dot products: P^T rounded to bf16 (as FlashAttention-2
+ * does on the GPU; l already has the fp32 P) and Vj, both in pairs of keys. */
+static void fc_fwd_pv_dot(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk) {
+    const fc_attn *a = x->a;
+    const fc_fwd_plan *p = x->plan;
+    uint32_t *v2 = (uint32_t *)t->v;
+    for (int r = 0; r < nk; r += 2) {
+        const uint16_t *v0 =
+            (const uint16_t *)a->v.ptr + fc_kv_row(a, &a->v, t->b, j0 + r) + t->hk * a->v.s_head;
+        const uint16_t *v1 = r + 1 < nk
+                                 ? (const uint16_t *)a->v.ptr +
+                                       fc_kv_row(a, &a->v, t->b, j0 + r + 1) + t->hk * a->v.s_head
+                                 : NULL;
+        x->ops->pack_pairs(FLASHC_DTYPE_BF16, (int)a->head_dim, v0, v1,
+                           v2 + (size_t)(r / 2) * p->ldd);
+        const float *s0 = t->st + (size_t)r * p->ldq;
+        x->ops->pack_pairs(FLASHC_DTYPE_FP32, t->nq, s0, r + 1 < nk ? s0 + p->ldq : NULL,
+                           t->p2 + (size_t)(r / 2) * p->ldq);
+    }
+    x->ops->gemm_bf16_tn(t->nq, (int)a->head_dim, (nk + 1) / 2, t->p2, p->ldq, v2, p->ldd, t->o,
+                         p->ldd, 1.0f, 1);
+}
+
+static void fc_fwd_task(void *vctx, int64_t task, int thread) {
+    const fc_fwd_ctx *x = (const fc_fwd_ctx *)vctx;
+    const fc_attn *a = x->a;
+    const fc_fwd_plan *p = x->plan;
+    const fc_simd_ops *ops = x->ops;
+    const int D = (int)a->head_dim, ldq = p->ldq, ldd = p->ldd;
+    const size_t es = flashc_dtype_size(a->dtype);
+
+    /* sequence b: task0[b] <= task < task0[b+1] (empty sequences own no task) */
+    int64_t lo = 0, hi = a->batch;
+    while (hi - lo > 1) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (x->task0[mid] <= task)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    fc_fwd_tile t;
+    t.b = lo;
+    t.sq = fc_seqlen_q(a, t.b);
+    t.sk = fc_seqlen_k(a, t.b);
+    /* within b: head by head, so that consecutive tasks share Kj, Vj in cache
+     * (the heads of one kv head are neighbours), and within a head the tiles
+     * from the last (the most keys under a causal mask) down */
+    int64_t local = task - x->task0[t.b], ntiles = (t.sq + p->Br - 1) / p->Br;
+    t.h = local / ntiles;
+    t.hk = t.h / (a->heads / a->kv_heads);
+    t.i0 = (ntiles - 1 - local % ntiles) * p->Br;
+    t.nq = (int)(t.sq - t.i0 < p->Br ? t.sq - t.i0 : p->Br);
+    t.diag0 = t.i0 + t.sk - t.sq;
+    t.jlo = t.jlo_all = 0;
+    t.jhi = t.jhi_all = t.sk;
+    if (a->window_left >= 0) {
+        int64_t l0 = t.diag0 - a->window_left, l1 = l0 + t.nq - 1;
+        t.jlo = l0 > 0 ? l0 : 0;
+        t.jlo_all = l1 > 0 ? l1 : 0;
+    }
+    if (a->window_right >= 0) {
+        int64_t h0 = t.diag0 + a->window_right + 1, h1 = h0 + t.nq - 1;
+        t.jhi = h1 < t.sk ? h1 : t.sk;
+        t.jhi_all = h0 < t.sk ? h0 : t.sk;
+    }
+
+    char *s = x->scratch + (size_t)thread * p->thread_bytes;
+    t.qt = (float *)(s + p->buf[FC_FWD_QT]);
+    t.o = (float *)(s + p->buf[FC_FWD_O]);
+    t.st = (float *)(s + p->buf[FC_FWD_ST]);
+    t.k = (float *)(s + p->buf[FC_FWD_K]);
+    t.v = (float *)(s + p->buf[FC_FWD_V]);
+    t.m = (float *)(s + p->buf[FC_FWD_M]);
+    t.l = (float *)(s + p->buf[FC_FWD_L]);
+    t.alpha = (float *)(s + p->buf[FC_FWD_ALPHA]);
+    t.lse2 = (float *)(s + p->buf[FC_FWD_LSE2]);
+    t.p2 = (uint32_t *)(s + p->buf[FC_FWD_P2]);
+
+    for (int c = 0; c < t.nq; c++)
+        fc_fwd_prefetch_row((const char *)a->q.ptr +
+                                (fc_q_row(a, &a->q, t.b, t.i0 + c) + t.h * a->q.s_head) *
+                                    (int64_t)es,
+                            (size_t)D * es);
+    if (t.jlo < t.jhi) {
+        int nk0 = (int)(t.jhi - t.jlo < p->Bc ? t.jhi - t.jlo : p->Bc);
+        fc_fwd_prefetch(x, &a->k, &t, t.jlo, nk0);
+        fc_fwd_prefetch(x, &a->v, &t, t.jlo, nk0);
+    }
+
+    if (p->dot) {
+        /* Qi^T in pairs, unscaled (the GEMM applies qmul) */
+        uint32_t *qt2 = (uint32_t *)t.qt;
+        for (int c = 0; c < t.nq; c++) {
+            const uint16_t *q =
+                (const uint16_t *)a->q.ptr + fc_q_row(a, &a->q, t.b, t.i0 + c) + t.h * a->q.s_head;
+            for (int d = 0; d < D; d += 2)
+                qt2[(size_t)(d / 2) * ldq + c] = q[d] | (d + 1 < D ? (uint32_t)q[d + 1] << 16 : 0u);
+        }
+    } else {
+        /* Qi^T, scaled: rows go through Oi */
+        for (int c = 0; c < t.nq; c++) {
+            int64_t off = fc_q_row(a, &a->q, t.b, t.i0 + c) + t.h * a->q.s_head;
+            ops->load(a->dtype, D, (const char *)a->q.ptr + off * (int64_t)es,
+                      t.o + (size_t)c * ldd, x->qmul);
+        }
+        for (int d = 0; d < D; d++)
+            for (int c = 0; c < t.nq; c++) t.qt[(size_t)d * ldq + c] = t.o[(size_t)c * ldd + d];
+    }
+    memset(t.o, 0, (size_t)t.nq * ldd * sizeof(float));
+    for (int c = 0; c < t.nq; c++) {
+        t.m[c] = -INFINITY;
+        t.l[c] = 0.0f;
+    }
+
+    for (int64_t j0 = t.jlo; j0 < t.jhi; j0 += p->Bc) {
+        int nk = (int)(t.jhi - j0 < p->Bc ? t.jhi - j0 : p->Bc);
+        int edge = j0 < t.jlo_all || j0 + nk > t.jhi_all;
+        int64_t j1 = j0 + p->Bc;
+        int nk1 = (int)(t.jhi - j1 < p->Bc ? t.jhi - j1 : p->Bc);
+        if (nk1 > 0) fc_fwd_prefetch(x, &a->k, &t, j1, nk1);
+        fc_fwd_scores(x, &t, j0, nk, edge);
+        ops->softmax_cols(nk, t.nq, t.st, ldq, t.m, t.l, t.alpha);
+        for (int c = 0; c < t.nq; c++)
+            if (t.alpha[c] != 1.0f) ops->scale(D, t.o + (size_t)c * ldd, t.alpha[c]);
+        if (a->dropout_p > 0.0f)
+            ops->dropout_cols(nk, t.nq, t.st, ldq, a->seed, a->offset,
+                              (uint32_t)(t.b * a->heads + t.h), (uint32_t)t.i0, j0, x->drop_thr,
+                              x->drop_scale);
+        if (nk1 > 0) fc_fwd_prefetch(x, &a->v, &t, j1, nk1);
+        if (p->dot)
+            fc_fwd_pv_dot(x, &t, j0, nk);
+        else {
+            int ldv;
+            const float *v = fc_fwd_rows(x, &a->v, &t, j0, nk, t.v, &ldv);
+            ops->gemm_tn(t.nq, D, nk, t.st, ldq, v, ldv, t.o, ldd, 1);
+        }
+    }
+
+    /* Oi / l, lse; a row that saw no key has l = 0, Oi = 0 */
+    for (int c = 0; c < t.nq; c++) {
+        int seen = t.l[c] > 0.0f;
+        double lse2 = seen ? (double)t.m[c] + log2((double)t.l[c]) : -INFINITY;
+        t.lse2[c] = (float)lse2;
+        int64_t off = fc_q_row(a, &a->out, t.b, t.i0 + c) + t.h * a->out.s_head;
+        ops->store(a->dtype, D, t.o + (size_t)c * ldd, (char *)a->out.ptr + off * (int64_t)es,
+                   seen ? 1.0f / t.l[c] : 0.0f);
+        if (a->lse) a->lse[fc_lse_index(a, t.b, t.h, t.i0 + c)] = (float)(lse2 * x->ln2);
+    }
+    if (a->probs) fc_fwd_probs(x, &t);
+}
+
+/* ---- entry ---- */
+flashc_status fc_cpu_fwd(const fc_attn *a, void *ws, size_t ws_bytes) {
+    const fc_simd_ops *ops = fc_simd();
+    fc_fwd_plan p;
+    fc_fwd_plan_make(a, ops, &p);
+    if (ws_bytes < p.total)
+        return fc_set_error(FLASHC_ERR_WORKSPACE_TOO_SMALL,
+                            "workspace_bytes=%zu but %zu are needed", ws_bytes, p.total);
+    FC_CHECK_ARG(ws != NULL || p.total == 0, "workspace is NULL but %zu bytes are needed", p.total);
+
+    int64_t *task0 = (int64_t *)((char *)ws + p.off_task0);
+    task0[0] = 0;
+    for (int64_t b = 0; b < a->batch; b++) {
+        int64_t sq = fc_seqlen_q(a, b);
+        task0[b + 1] = task0[b] + (sq + p.Br - 1) / p.Br * a->heads;
+    }
+
+    const double ln2 = log(2.0), log2e = 1.0 / ln2;
+    fc_fwd_ctx x = {
+        .a = a,
+        .ops = ops,
+        .plan = &p,
+        .task0 = task0,
+        .scratch = (char *)ws + p.off_scratch,
+        .qmul =
+            a->softcap > 0.0f ? (float)((double)a->scale / a->softcap) : (float)(a->scale * log2e),
+        .cap = a->softcap > 0.0f ? (float)(a->softcap * log2e) : 0.0f,
+        .alibi_mul = (float)log2e,
+        .ln2 = ln2,
+        .drop_thr = fc_dropout_threshold(a->dropout_p),
+        .drop_scale = a->dropout_p > 0.0f ? (float)(1.0 / (1.0 - (double)a->dropout_p)) : 1.0f,
+    };
+
+    /* attn_probs rows past each sequence's queries (tasks write the others) */
+    if (a->probs)
+        for (int64_t b = 0; b < a->batch; b++)
+            for (int64_t h = 0; h < a->heads; h++)
+                for (int64_t i = fc_seqlen_q(a, b); i < a->max_seqlen_q; i++)
+                    memset(a->probs + b * a->probs_s_batch + h * a->probs_s_head +
+                               i * a->probs_s_row,
+                           0, (size_t)a->max_seqlen_k * sizeof(float));
+
+    fc_pool_run(task0[a->batch], fc_fwd_task, &x);
+    return FLASHC_OK;
+}

@@ -1,0 +1,583 @@
+/* simd_avx512.c : fc_simd_ops for AVX-512 (F, BW, DQ, VL; BF16 for the optional
+ * bf16 dot products), 16 fp32 lanes per zmm register. Built with -mavx512f
+ * -mavx512bw -mavx512dq -mavx512vl -mavx512bf16 -mfma -mf16c; the bf16 entries
+ * run only where flashc_cpu_features() has AVX512_BF16 (bf16_cpu).
+ *
+ * GEMMs: one register-blocked micro-kernel (the GotoBLAS / BLIS shape, Goto and
+ * van de Geijn, "Anatomy of high-performance matrix multiplication", TOMS 2008).
+ * An MR x NR = 6 x 64 tile of C lives in 24 zmm accumulators; each step of the
+ * inner dimension loads one 64-wide row of B (4 zmm) and broadcasts 6 elements
+ * of A: 24 FMAs for 10 loads, so the FMA pipes, not the load ports, set the
+ * pace. gemm_nn broadcasts down the rows of A, gemm_tn along a row of A^T (A is
+ * read in place in both), gemm_nt first transposes a 128 x 64 panel of B^T onto
+ * the stack with 16 x 16 in-register transposes. Column tails use masked loads
+ * and stores, row tails a smaller instance of the kernel. The bf16 GEMMs are
+ * the same kernel on vdpbf16ps: one pair of the inner dimension per step, 32
+ * multiply-adds per instruction instead of 16 (twice the fp32 rate on Zen4).
+ *
+ * exp2: x = n + f with n = round(x), |f| <= 1/2; 2^f from a degree-6
+ * polynomial (the Chebyshev interpolant of 2^f on [-1/2, 1/2], at most 1.4
+ * units of 2^-24 relative error in fp32), times 2^n with vscalefps.
+ * tanh(x) = sign(x) (1 - e) / (1 + e) with e = 2^(-2 |x| log2 e): an absolute
+ * error of a few 1e-8. Dropout runs Philox4x32-10 (philox.h) on 16 lanes, one
+ * (query, group of 8 keys) per lane, with 32 x 32 -> 64-bit products from
+ * vpmuludq on the even and odd lanes.
+ *
+ * Not here: attention itself (src/cpu/fwd.c and bwd.c own the algorithm).
+ */
+#include <immintrin.h>
+#include <stddef.h>
+
+#include "simd.h"
+
+/* ---- constants ---- */
+#define FC_LOG2E 1.44269504088896340736f
+/* 2^f ~ sum_k fc_exp2_c[k] f^k on [-1/2, 1/2] */
+static const float fc_exp2_c[7] = {1.000000000e+00f, 6.931471825e-01f, 2.402265072e-01f,
+                                   5.550327152e-02f, 9.618056938e-03f, 1.340042800e-03f,
+                                   1.546144485e-04f};
+/* exp2 of x below this is 0 in fp32 (2^-150 rounds to 0); above FC_EXP2_HI, inf */
+#define FC_EXP2_LO (-160.0f)
+#define FC_EXP2_HI 128.0f
+
+/* ---- vector math ---- */
+static inline __m512 fc_exp2(__m512 x) {
+    /* min/max return their second operand when either is NaN: NaN propagates */
+    x = _mm512_min_ps(_mm512_set1_ps(FC_EXP2_HI), x);
+    x = _mm512_max_ps(_mm512_set1_ps(FC_EXP2_LO), x);
+    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(fc_exp2_c[6]);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(fc_exp2_c[5]));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(fc_exp2_c[4]));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(fc_exp2_c[3]));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(fc_exp2_c[2]));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(fc_exp2_c[1]));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(fc_exp2_c[0]));
+    return _mm512_scalef_ps(p, n);
+}
+
+static inline __m512 fc_tanh(__m512 x) {
+    __m512 ax = _mm512_abs_ps(x);
+    __m512 e = fc_exp2(_mm512_mul_ps(ax, _mm512_set1_ps(-2.0f * FC_LOG2E)));
+    __m512 one = _mm512_set1_ps(1.0f);
+    __m512 t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+    /* t >= 0: give it the sign bit of x */
+    return _mm512_or_ps(t, _mm512_and_ps(x, _mm512_set1_ps(-0.0f)));
+}
+
+/* The lanes [0, n) of a 16-lane vector, n in [0, 16]. */
+static inline __mmask16 fc_mask(int n) {
+    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1u);
+}
+
+/* ---- GEMM ---- */
+enum { FC_MR = 6, FC_NV = 4, FC_NR = 16 * FC_NV, FC_KC = 128 };
+
+/* C[R][16 NV] = (acc ? C : 0) + sum_k A(r, k) B[k][.], A(r, k) = A[r*ars + k*aks];
+ * the last of the NV vectors covers the lanes of ml only. */
+static inline __attribute__((always_inline)) void
+fc_ukr(const int R, const int NV, int K, const float *A, ptrdiff_t ars, ptrdiff_t aks,
+       const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc, int acc, __mmask16 ml) {
+    __m512 c[FC_MR][FC_NV];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++)
+            c[r][v] = !acc          ? _mm512_setzero_ps()
+                      : v == NV - 1 ? _mm512_maskz_loadu_ps(ml, C + r * ldc + 16 * v)
+                                    : _mm512_loadu_ps(C + r * ldc + 16 * v);
+    for (int k = 0; k < K; k++) {
+        __m512 b[FC_NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++)
+            b[v] =
+                v == NV - 1 ? _mm512_maskz_loadu_ps(ml, B + 16 * v) : _mm512_loadu_ps(B + 16 * v);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512 a = _mm512_set1_ps(A[r * ars]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) c[r][v] = _mm512_fmadd_ps(a, b[v], c[r][v]);
+        }
+        A += aks;
+        B += ldb;
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            if (v == NV - 1)
+                _mm512_mask_storeu_ps(C + r * ldc + 16 * v, ml, c[r][v]);
+            else
+                _mm512_storeu_ps(C + r * ldc + 16 * v, c[r][v]);
+        }
+}
+
+#define FC_UKR_NV(R_, ARS, AKS)                                                                    \
+    switch (nv) {                                                                                  \
+    case 1: fc_ukr(R_, 1, K, A, ARS, AKS, B, ldb, C, ldc, acc, ml); break;                         \
+    case 2: fc_ukr(R_, 2, K, A, ARS, AKS, B, ldb, C, ldc, acc, ml); break;                         \
+    case 3: fc_ukr(R_, 3, K, A, ARS, AKS, B, ldb, C, ldc, acc, ml); break;                         \
+    default: fc_ukr(R_, 4, K, A, ARS, AKS, B, ldb, C, ldc, acc, ml); break;                        \
+    }
+#define FC_UKR_R(ARS, AKS)                                                                         \
+    switch (R) {                                                                                   \
+    case 1: FC_UKR_NV(1, ARS, AKS) break;                                                          \
+    case 2: FC_UKR_NV(2, ARS, AKS) break;                                                          \
+    case 3: FC_UKR_NV(3, ARS, AKS) break;                                                          \
+    case 4: FC_UKR_NV(4, ARS, AKS) break;                                                          \
+    case 5: FC_UKR_NV(5, ARS, AKS) break;                                                          \
+    default: FC_UKR_NV(6, ARS, AKS) break;                                                         \
+    }
+
+/* One micro-tile, A read by rows (A(r, k) = A[r*lda + k]). */
+static void fc_tile_n(int R, int nv, int K, const float *A, ptrdiff_t lda, const float *B,
+                      ptrdiff_t ldb, float *C, ptrdiff_t ldc, int acc, __mmask16 ml) {
+    FC_UKR_R(lda, 1)
+}
+
+/* One micro-tile, A read by columns (A(r, k) = A[k*lda + r]). */
+static void fc_tile_t(int R, int nv, int K, const float *A, ptrdiff_t lda, const float *B,
+                      ptrdiff_t ldb, float *C, ptrdiff_t ldc, int acc, __mmask16 ml) {
+    FC_UKR_R(1, lda)
+}
+
+/* C[M][N] (+)= op(A) B over micro-tiles: column panels of B outside, so a
+ * K x 64 panel of B stays in cache while the rows of A stream past it. */
+static void fc_gemm(int at, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                    float *C, int ldc, int acc) {
+    for (int n0 = 0; n0 < N; n0 += FC_NR) {
+        int n = N - n0 < FC_NR ? N - n0 : FC_NR;
+        int nv = (n + 15) / 16;
+        __mmask16 ml = fc_mask(n - 16 * (nv - 1));
+        for (int m0 = 0; m0 < M; m0 += FC_MR) {
+            int R = M - m0 < FC_MR ? M - m0 : FC_MR;
+            float *c = C + (size_t)m0 * ldc + n0;
+            if (at)
+                fc_tile_t(R, nv, K, A + m0, lda, B + n0, ldb, c, ldc, acc, ml);
+            else
+                fc_tile_n(R, nv, K, A + (size_t)m0 * lda, lda, B + n0, ldb, c, ldc, acc, ml);
+        }
+    }
+}
+
+static void fc_avx512_gemm_nn(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                              float *C, int ldc, int acc) {
+    fc_gemm(0, M, N, K, A, lda, B, ldb, C, ldc, acc);
+}
+
+static void fc_avx512_gemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                              float *C, int ldc, int acc) {
+    fc_gemm(1, M, N, K, A, lda, B, ldb, C, ldc, acc);
+}
+
+/* In-register transpose of 16 rows of 16 floats. */
+static inline void fc_transpose16(__m512 r[16]) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    /* u[4g + e], 128-bit lane l: column 4l + e of rows 4g .. 4g+3 */
+    for (int g = 0; g < 4; g++) {
+        __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 1]);
+        __m512d c = _mm512_castps_pd(t[4 * g + 2]), d = _mm512_castps_pd(t[4 * g + 3]);
+        u[4 * g + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    /* 4 x 4 transpose of the 128-bit lanes of u[e], u[4+e], u[8+e], u[12+e] */
+    for (int e = 0; e < 4; e++) {
+        __m512 v0 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0x44);
+        __m512 v1 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0xee);
+        __m512 v2 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0x44);
+        __m512 v3 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0xee);
+        r[e] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+        r[4 + e] = _mm512_shuffle_f32x4(v0, v2, 0xdd);
+        r[8 + e] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+        r[12 + e] = _mm512_shuffle_f32x4(v1, v3, 0xdd);
+    }
+}
+
+/* bt[k][j] = B[j][k] for j < n (<= FC_NR), k < kc (<= FC_KC); lanes j in
+ * [n, roundup16(n)) are 0. */
+static void fc_pack_bt(int n, int kc, const float *B, int ldb, float *bt) {
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        for (int k0 = 0; k0 < kc; k0 += 16) {
+            __mmask16 mk = fc_mask(kc - k0);
+            __m512 r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = j0 + i < n ? _mm512_maskz_loadu_ps(mk, B + (size_t)(j0 + i) * ldb + k0)
+                                  : _mm512_setzero_ps();
+            fc_transpose16(r);
+            int kn = kc - k0 < 16 ? kc - k0 : 16;
+            for (int i = 0; i < kn; i++) _mm512_storeu_ps(bt + (size_t)(k0 + i) * FC_NR + j0, r[i]);
+        }
+    }
+}
+
+static void fc_avx512_gemm_nt(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                              float *C, int ldc, int acc) {
+    if (K == 0) {
+        fc_gemm(0, M, N, 0, A, lda, B, ldb, C, ldc, acc);
+        return;
+    }
+    float bt[FC_KC * FC_NR] __attribute__((aligned(64))); /* B^T panel, 32 KB */
+    for (int n0 = 0; n0 < N; n0 += FC_NR) {
+        int n = N - n0 < FC_NR ? N - n0 : FC_NR;
+        int nv = (n + 15) / 16;
+        __mmask16 ml = fc_mask(n - 16 * (nv - 1));
+        for (int k0 = 0; k0 < K; k0 += FC_KC) {
+            int kc = K - k0 < FC_KC ? K - k0 : FC_KC;
+            fc_pack_bt(n, kc, B + (size_t)n0 * ldb + k0, ldb, bt);
+            for (int m0 = 0; m0 < M; m0 += FC_MR) {
+                int R = M - m0 < FC_MR ? M - m0 : FC_MR;
+                fc_tile_n(R, nv, kc, A + (size_t)m0 * lda + k0, lda, bt, FC_NR,
+                          C + (size_t)m0 * ldc + n0, ldc, acc || k0 > 0, ml);
+            }
+        }
+    }
+}
+
+/* ---- row helpers ---- */
+static float fc_avx512_exp2_sum(int n, float *x, float m) {
+    __m512 vm = _mm512_set1_ps(m), s = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = fc_mask(n - i);
+        __m512 e = fc_exp2(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), vm));
+        _mm512_mask_storeu_ps(x + i, k, e);
+        s = _mm512_mask_add_ps(s, k, s, e);
+    }
+    return _mm512_reduce_add_ps(s);
+}
+
+static float fc_avx512_max(int n, const float *x) {
+    __m512 ninf = _mm512_set1_ps(-__builtin_inff()), v = ninf;
+    for (int i = 0; i < n; i += 16)
+        v = _mm512_max_ps(v, _mm512_mask_loadu_ps(ninf, fc_mask(n - i), x + i));
+    return _mm512_reduce_max_ps(v);
+}
+
+static void fc_avx512_scale(int n, float *x, float s) {
+    __m512 vs = _mm512_set1_ps(s);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = fc_mask(n - i);
+        _mm512_mask_storeu_ps(x + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), vs));
+    }
+}
+
+static void fc_avx512_load(flashc_dtype dt, int n, const void *src, float *dst, float mul) {
+    __m512 vm = _mm512_set1_ps(mul);
+    if (dt == FLASHC_DTYPE_FP32) {
+        const float *s = (const float *)src;
+        for (int i = 0; i < n; i += 16) {
+            __mmask16 k = fc_mask(n - i);
+            _mm512_mask_storeu_ps(dst + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + i), vm));
+        }
+        return;
+    }
+    const uint16_t *s = (const uint16_t *)src;
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = fc_mask(n - i);
+        __m256i h = _mm256_maskz_loadu_epi16(k, s + i);
+        __m512 v = dt == FLASHC_DTYPE_FP16
+                       ? _mm512_cvtph_ps(h)
+                       : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+        _mm512_mask_storeu_ps(dst + i, k, _mm512_mul_ps(v, vm));
+    }
+}
+
+/* fp32 -> bf16 bits in the low half of each 32-bit lane, round to nearest
+ * even, NaN kept quiet (fc_float_to_bf16) */
+static inline __m512i fc_bf16_bits(__m512 v) {
+    __m512i u = _mm512_castps_si512(v);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd);
+    r = _mm512_srli_epi32(r, 16);
+    return _mm512_mask_mov_epi32(
+        r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+}
+
+static inline __m256i fc_to_bf16(__m512 v) { return _mm512_cvtepi32_epi16(fc_bf16_bits(v)); }
+
+static void fc_avx512_store(flashc_dtype dt, int n, const float *src, void *dst, float mul) {
+    __m512 vm = _mm512_set1_ps(mul);
+    if (dt == FLASHC_DTYPE_FP32) {
+        float *d = (float *)dst;
+        for (int i = 0; i < n; i += 16) {
+            __mmask16 k = fc_mask(n - i);
+            _mm512_mask_storeu_ps(d + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, src + i), vm));
+        }
+        return;
+    }
+    uint16_t *d = (uint16_t *)dst;
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = fc_mask(n - i);
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, src + i), vm);
+        __m256i h = dt == FLASHC_DTYPE_FP16
+                        ? _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+                        : fc_to_bf16(v);
+        _mm256_mask_storeu_epi16(d + i, k, h);
+    }
+}
+
+/* ---- score blocks ---- */
+static void fc_avx512_score_mod(int M, int N, float *x, int ld, const fc_score_mod *mod) {
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i step = _mm512_mullo_epi32(iota, _mm512_set1_epi32(mod->dc));
+    const __m512 cap = _mm512_set1_ps(mod->cap), slope = _mm512_set1_ps(mod->slope);
+    const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+    const __m512i lo = _mm512_set1_epi32(-mod->wl), hi = _mm512_set1_epi32(mod->wr);
+    for (int r = 0; r < M; r++) {
+        float *row = x + (size_t)r * ld;
+        int32_t drow = (int32_t)(mod->d0 + (int64_t)r * mod->dr);
+        for (int c = 0; c < N; c += 16) {
+            __mmask16 k = fc_mask(N - c);
+            __m512i d = _mm512_add_epi32(_mm512_set1_epi32(drow + c * mod->dc), step);
+            __m512 v = _mm512_maskz_loadu_ps(k, row + c);
+            if (mod->cap != 0.0f) v = _mm512_mul_ps(cap, fc_tanh(v));
+            if (mod->slope != 0.0f)
+                v = _mm512_fnmadd_ps(slope, _mm512_abs_ps(_mm512_cvtepi32_ps(d)), v);
+            __mmask16 out = 0;
+            if (mod->wl >= 0) out |= _mm512_cmplt_epi32_mask(d, lo);
+            if (mod->wr >= 0) out |= _mm512_cmpgt_epi32_mask(d, hi);
+            v = _mm512_mask_mov_ps(v, out, ninf);
+            _mm512_mask_storeu_ps(row + c, k, v);
+        }
+    }
+}
+
+static void fc_avx512_softmax_cols(int M, int N, float *x, int ld, float *m, float *l,
+                                   float *alpha) {
+    const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+    for (int c = 0; c < N; c += 16) {
+        __mmask16 k = fc_mask(N - c);
+        __m512 mo = _mm512_maskz_loadu_ps(k, m + c), mx = mo;
+        for (int r = 0; r < M; r++)
+            mx = _mm512_max_ps(mx, _mm512_maskz_loadu_ps(k, x + (size_t)r * ld + c));
+        __m512 u =
+            _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, ninf, _CMP_EQ_OQ), _mm512_setzero_ps());
+        __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+        int r = 0;
+        for (; r + 1 < M; r += 2) {
+            float *p0 = x + (size_t)r * ld + c, *p1 = p0 + ld;
+            __m512 e0 = fc_exp2(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p0), u));
+            __m512 e1 = fc_exp2(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p1), u));
+            _mm512_mask_storeu_ps(p0, k, e0);
+            _mm512_mask_storeu_ps(p1, k, e1);
+            s0 = _mm512_add_ps(s0, e0);
+            s1 = _mm512_add_ps(s1, e1);
+        }
+        if (r < M) {
+            float *p0 = x + (size_t)r * ld + c;
+            __m512 e0 = fc_exp2(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, p0), u));
+            _mm512_mask_storeu_ps(p0, k, e0);
+            s0 = _mm512_add_ps(s0, e0);
+        }
+        __m512 a = fc_exp2(_mm512_sub_ps(mo, u));
+        __m512 lv = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(k, l + c), _mm512_add_ps(s0, s1));
+        _mm512_mask_storeu_ps(m + c, k, mx);
+        _mm512_mask_storeu_ps(l + c, k, lv);
+        _mm512_mask_storeu_ps(alpha + c, k, a);
+    }
+}
+
+/* ---- dropout ---- */
+/* Philox4x32-10 of philox.h on 16 lanes (the same constants). */
+#define FC_PHILOX_M0 0xD2511F53u
+#define FC_PHILOX_M1 0xCD9E8D57u
+#define FC_PHILOX_W0 0x9E3779B9u
+#define FC_PHILOX_W1 0xBB67AE85u
+
+/* lo, hi: the 64-bit products m * c of each 32-bit lane, split */
+static inline void fc_mulhilo16(__m512i m, __m512i c, __m512i *lo, __m512i *hi) {
+    __m512i pe = _mm512_mul_epu32(c, m);                        /* even lanes */
+    __m512i po = _mm512_mul_epu32(_mm512_srli_epi64(c, 32), m); /* odd lanes */
+    *lo = _mm512_mask_blend_epi32(0xaaaa, pe, _mm512_slli_epi64(po, 32));
+    *hi = _mm512_mask_blend_epi32(0xaaaa, _mm512_srli_epi64(pe, 32), po);
+}
+
+static inline void fc_philox16(__m512i c[4], uint32_t k0, uint32_t k1) {
+    const __m512i m0 = _mm512_set1_epi32((int)FC_PHILOX_M0),
+                  m1 = _mm512_set1_epi32((int)FC_PHILOX_M1);
+    for (int r = 0; r < 10; r++) {
+        __m512i lo0, hi0, lo1, hi1;
+        fc_mulhilo16(m0, c[0], &lo0, &hi0);
+        fc_mulhilo16(m1, c[2], &lo1, &hi1);
+        c[0] = _mm512_xor_si512(_mm512_xor_si512(hi1, c[1]), _mm512_set1_epi32((int)k0));
+        c[2] = _mm512_xor_si512(_mm512_xor_si512(hi0, c[3]), _mm512_set1_epi32((int)k1));
+        c[1] = lo1;
+        c[3] = lo0;
+        k0 += FC_PHILOX_W0;
+        k1 += FC_PHILOX_W1;
+    }
+}
+
+/* One Philox call per (query lane, group of 8 keys) covers 8 rows of 16
+ * columns: word w of a lane is key 8g + w. */
+static void fc_avx512_dropout_cols(int M, int N, float *x, int ld, uint64_t seed, uint64_t offset,
+                                   uint32_t bh, uint32_t i0, int64_t j0, uint32_t threshold,
+                                   float scale) {
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i low16 = _mm512_set1_epi32(0xffff), thr = _mm512_set1_epi32((int)threshold);
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int c = 0; c < N; c += 16) {
+        __mmask16 k = fc_mask(N - c);
+        __m512i ci = _mm512_add_epi32(_mm512_set1_epi32((int)(i0 + (uint32_t)c)), iota);
+        for (int64_t g = j0 >> 3; 8 * g < j0 + M; g++) {
+            uint64_t cnt = offset + (uint64_t)g;
+            __m512i st[4] = {_mm512_set1_epi32((int)(uint32_t)cnt),
+                             _mm512_set1_epi32((int)(uint32_t)(cnt >> 32)), ci,
+                             _mm512_set1_epi32((int)bh)};
+            fc_philox16(st, (uint32_t)seed, (uint32_t)(seed >> 32));
+            for (int w = 0; w < 8; w++) {
+                int64_t j = 8 * g + w;
+                if (j < j0 || j >= j0 + M) continue;
+                __m512i word = w & 1 ? _mm512_srli_epi32(st[w >> 1], 16) : st[w >> 1];
+                __mmask16 keep = _mm512_cmpge_epu32_mask(_mm512_and_si512(word, low16), thr);
+                float *row = x + (size_t)(j - j0) * ld + c;
+                _mm512_mask_storeu_ps(row, k,
+                                      _mm512_maskz_mul_ps(keep, _mm512_maskz_loadu_ps(k, row), vs));
+            }
+        }
+    }
+}
+
+/* ---- bf16 dot products (AVX512_BF16: vdpbf16ps) ---- */
+/* The fp32 micro-kernel's shape with vdpbf16ps: each step takes one pair of
+ * the inner dimension, 32 multiply-adds per instruction instead of 16.
+ * C[R][16 NV] = (acc ? C : 0) + scale * sum_p A(r, p) . B[p][.] */
+static inline __attribute__((always_inline)) void
+fc_ukr_bf16(const int R, const int NV, int K2, const uint32_t *A, ptrdiff_t ars, ptrdiff_t aks,
+            const uint32_t *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc, float scale, int acc,
+            __mmask16 ml) {
+    __m512 c[FC_MR][FC_NV];
+    const int from_c = acc && scale == 1.0f; /* start from C instead of adding it at the end */
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++)
+            c[r][v] = !from_c       ? _mm512_setzero_ps()
+                      : v == NV - 1 ? _mm512_maskz_loadu_ps(ml, C + r * ldc + 16 * v)
+                                    : _mm512_loadu_ps(C + r * ldc + 16 * v);
+    for (int k = 0; k < K2; k++) {
+        __m512bh b[FC_NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++)
+            b[v] = (__m512bh)(v == NV - 1 ? _mm512_maskz_loadu_epi32(ml, B + 16 * v)
+                                          : _mm512_loadu_si512((const void *)(B + 16 * v)));
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512bh a = (__m512bh)_mm512_set1_epi32((int)A[r * ars]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) c[r][v] = _mm512_dpbf16_ps(c[r][v], a, b[v]);
+        }
+        A += aks;
+        B += ldb;
+    }
+    const __m512 vs = _mm512_set1_ps(scale);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            __m512 x = c[r][v];
+            float *p = C + r * ldc + 16 * v;
+            __mmask16 k = v == NV - 1 ? ml : (__mmask16)0xffff;
+            if (!from_c)
+                x = acc ? _mm512_fmadd_ps(vs, x, _mm512_maskz_loadu_ps(k, p))
+                        : _mm512_mul_ps(vs, x);
+            _mm512_mask_storeu_ps(p, k, x);
+        }
+}
+
+#define FC_UKR_BF16_NV(R_, ARS, AKS)                                                               \
+    switch (nv) {                                                                                  \
+    case 1: fc_ukr_bf16(R_, 1, K2, A, ARS, AKS, B, ldb, C, ldc, scale, acc, ml); break;            \
+    case 2: fc_ukr_bf16(R_, 2, K2, A, ARS, AKS, B, ldb, C, ldc, scale, acc, ml); break;            \
+    case 3: fc_ukr_bf16(R_, 3, K2, A, ARS, AKS, B, ldb, C, ldc, scale, acc, ml); break;            \
+    default: fc_ukr_bf16(R_, 4, K2, A, ARS, AKS, B, ldb, C, ldc, scale, acc, ml); break;           \
+    }
+#define FC_UKR_BF16_R(ARS, AKS)                                                                    \
+    switch (R) {                                                                                   \
+    case 1: FC_UKR_BF16_NV(1, ARS, AKS) break;                                                     \
+    case 2: FC_UKR_BF16_NV(2, ARS, AKS) break;                                                     \
+    case 3: FC_UKR_BF16_NV(3, ARS, AKS) break;                                                     \
+    case 4: FC_UKR_BF16_NV(4, ARS, AKS) break;                                                     \
+    case 5: FC_UKR_BF16_NV(5, ARS, AKS) break;                                                     \
+    default: FC_UKR_BF16_NV(6, ARS, AKS) break;                                                    \
+    }
+
+static void fc_tile_bf16_n(int R, int nv, int K2, const uint32_t *A, ptrdiff_t lda,
+                           const uint32_t *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc, float scale,
+                           int acc, __mmask16 ml) {
+    FC_UKR_BF16_R(lda, 1)
+}
+
+static void fc_tile_bf16_t(int R, int nv, int K2, const uint32_t *A, ptrdiff_t lda,
+                           const uint32_t *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc, float scale,
+                           int acc, __mmask16 ml) {
+    FC_UKR_BF16_R(1, lda)
+}
+
+static void fc_gemm_bf16(int at, int M, int N, int K2, const uint32_t *A, int lda,
+                         const uint32_t *B, int ldb, float *C, int ldc, float scale, int acc) {
+    for (int n0 = 0; n0 < N; n0 += FC_NR) {
+        int n = N - n0 < FC_NR ? N - n0 : FC_NR;
+        int nv = (n + 15) / 16;
+        __mmask16 ml = fc_mask(n - 16 * (nv - 1));
+        for (int m0 = 0; m0 < M; m0 += FC_MR) {
+            int R = M - m0 < FC_MR ? M - m0 : FC_MR;
+            float *c = C + (size_t)m0 * ldc + n0;
+            if (at)
+                fc_tile_bf16_t(R, nv, K2, A + m0, lda, B + n0, ldb, c, ldc, scale, acc, ml);
+            else
+                fc_tile_bf16_n(R, nv, K2, A + (size_t)m0 * lda, lda, B + n0, ldb, c, ldc, scale,
+                               acc, ml);
+        }
+    }
+}
+
+static void fc_avx512_gemm_bf16_nn(int M, int N, int K2, const uint32_t *A, int lda,
+                                   const uint32_t *B, int ldb, float *C, int ldc, float scale,
+                                   int acc) {
+    fc_gemm_bf16(0, M, N, K2, A, lda, B, ldb, C, ldc, scale, acc);
+}
+
+static void fc_avx512_gemm_bf16_tn(int M, int N, int K2, const uint32_t *A, int lda,
+                                   const uint32_t *B, int ldb, float *C, int ldc, float scale,
+                                   int acc) {
+    fc_gemm_bf16(1, M, N, K2, A, lda, B, ldb, C, ldc, scale, acc);
+}
+
+static void fc_avx512_pack_pairs(flashc_dtype dt, int n, const void *r0, const void *r1,
+                                 uint32_t *dst) {
+    /* a vector with r0 in words 0..15 and r1 in 16..31 becomes 16 pairs */
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = fc_mask(n - i);
+        __m512i w;
+        if (dt == FLASHC_DTYPE_FP32) {
+            /* vcvtne2ps2bf16: round to nearest even, denormals to 0 */
+            __m512 a = _mm512_maskz_loadu_ps(k, (const float *)r0 + i);
+            __m512 b = r1 ? _mm512_maskz_loadu_ps(k, (const float *)r1 + i) : _mm512_setzero_ps();
+            w = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+        } else {
+            __m256i a = _mm256_maskz_loadu_epi16(k, (const uint16_t *)r0 + i);
+            __m256i b =
+                r1 ? _mm256_maskz_loadu_epi16(k, (const uint16_t *)r1 + i) : _mm256_setzero_si256();
+            w = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+        }
+        _mm512_mask_storeu_epi32(dst + i, k, _mm512_permutexvar_epi16(idx, w));
+    }
+}
+
+const fc_simd_ops fc_simd_avx512_ops = {
+    FLASHC_SIMD_AVX512,    fc_avx512_gemm_nn,      fc_avx512_gemm_nt,      fc_avx512_gemm_tn,
+    fc_avx512_exp2_sum,    fc_avx512_max,          fc_avx512_scale,        fc_avx512_load,
+    fc_avx512_store,       fc_avx512_score_mod,    fc_avx512_softmax_cols, fc_avx512_dropout_cols,
+    FLASHC_CPU_AVX512BF16, fc_avx512_gemm_bf16_nn, fc_avx512_gemm_bf16_tn, fc_avx512_pack_pairs,
+};
