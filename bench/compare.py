@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""compare.py : flashc's CUDA backend against PyTorch SDPA (flash = FA2, cuDNN) in one run.
+
+Run on a machine with a GPU after the normal build (`cmake -S . -B build && cmake
+--build build`), with a python3 that has torch:
+
+    python3 bench/compare.py --mode fwd --csv bench/results/fwd.csv
+
+Shapes follow the FlashAttention papers: hidden 2048 (heads = 2048 / headdim) and
+16k tokens per batch (batch = 16384 / seqlen). For each shape it checks flashc's
+output against SDPA's (max abs error, reported in the CSV), then times every
+backend with CUDA events (median of --reps runs after warm-up; the L2 is flushed
+before each run). FLOPs are flash-attention's: 4*B*H*Sq*Sk*D forward, halved for
+causal. GB/s counts q, k, v read and out written once.
+
+flashc is called through ctypes on libflashc.so with the tensors' device
+pointers (the Python package of issue 6 will replace this thin binding).
+CSV columns are those of `flashc bench --csv`; backends: flashc, sdpa-flash,
+sdpa-cudnn (--backends times a subset, e.g. flashc alone for a tuning variant with
+--lib; max_err is always against an untimed sdpa-flash call).
+"""
+import argparse
+import ctypes
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# ---- the C API, as ctypes structs (include/flashc.h) ----
+MAX_DIMS = 4
+DTYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int32: 3}
+DEVICE_CUDA = 1
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int32),
+                ("shape", ctypes.c_int64 * MAX_DIMS), ("stride", ctypes.c_int64 * MAX_DIMS),
+                ("device", ctypes.c_int)]
+
+
+class Params(ctypes.Structure):
+    _fields_ = [("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int32),
+                ("window_left", ctypes.c_int32), ("window_right", ctypes.c_int32),
+                ("softcap", ctypes.c_float), ("dropout_p", ctypes.c_float),
+                ("dropout_seed", ctypes.c_uint64), ("dropout_offset", ctypes.c_uint64),
+                ("deterministic", ctypes.c_int32), ("rotary_interleaved", ctypes.c_int32),
+                ("num_splits", ctypes.c_int32), ("backend", ctypes.c_int),
+                ("stream", ctypes.c_void_p)]
+
+
+class FwdArgs(ctypes.Structure):
+    _fields_ = [(n, Tensor) for n in ("q", "k", "v", "out", "softmax_lse", "alibi_slopes",
+                                      "attn_probs")]
+
+
+def describe(t):
+    """The flashc_tensor view of a CUDA torch tensor (strides in elements)."""
+    d = Tensor()
+    d.data = t.data_ptr()
+    d.dtype = DTYPE[t.dtype]
+    d.ndim = t.dim()
+    for i in range(t.dim()):
+        d.shape[i] = t.shape[i]
+        d.stride[i] = t.stride(i)
+    d.device = DEVICE_CUDA
+    return d
+
+
+class Flashc:
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        self.lib.flashc_fwd.restype = ctypes.c_int
+        self.lib.flashc_fwd.argtypes = [ctypes.POINTER(FwdArgs), ctypes.POINTER(Params),
+                                        ctypes.c_void_p, ctypes.c_size_t]
+        self.lib.flashc_last_error.restype = ctypes.c_char_p
+        self.lib.flashc_params_default.restype = Params
+
+    def fwd(self, q, k, v, out, lse, causal):
+        a = FwdArgs()
+        a.q, a.k, a.v, a.out, a.softmax_lse = (describe(t) for t in (q, k, v, out, lse))
+        p = self.lib.flashc_params_default()
+        p.causal = int(causal)
+        p.stream = torch.cuda.current_stream().cuda_stream
+        s = self.lib.flashc_fwd(ctypes.byref(a), ctypes.byref(p), None, 0)
+        if s != 0:
+            raise RuntimeError("flashc_fwd: status %d: %s" % (s, self.lib.flashc_last_error().decode()))
+
+
+# ---- timing ----
+_flush = None
+
+
+def time_ms(fn, reps, warmup=3):
+    """Median milliseconds of fn() over reps runs, L2 flushed before each."""
+    global _flush
+    if _flush is None:
+        _flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        _flush.zero_()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def flops(b, h, sq, sk, d, causal):
+    f = 4.0 * b * h * sq * sk * d
+    return f / 2 if causal else f
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", default="fwd", choices=["fwd"])
+    ap.add_argument("--lib", default=os.environ.get("FLASHC_LIBRARY", "build/libflashc.so"))
+    ap.add_argument("--dtypes", default="bf16,fp16")
+    ap.add_argument("--headdims", default="64,128,256")
+    ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
+    ap.add_argument("--causal", default="0,1")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--backends", default="sdpa-flash,sdpa-cudnn,flashc",
+                    help="subset to time (flashc alone: a quick look at a tuning variant)")
+    ap.add_argument("--csv", default="")
+    args = ap.parse_args()
+
+    fc = Flashc(args.lib)
+    dts = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    rows, table = [], []
+    header = "backend,mode,dtype,batch,seqlen_q,seqlen_k,heads,kv_heads,headdim,causal,ms,tflops,gbps,max_err"
+    torch.manual_seed(0)
+    for dn in args.dtypes.split(","):
+        dt = dts[dn]
+        for d in map(int, args.headdims.split(",")):
+            for s in map(int, args.seqlens.split(",")):
+                for causal in map(int, args.causal.split(",")):
+                    h, b = 2048 // d, max(1, 16384 // s)
+                    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for _ in range(3))
+                    out = torch.empty_like(q)
+                    lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+                    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+                    nbytes = 4 * q.numel() * q.element_size()
+                    fl = flops(b, h, s, s, d, causal)
+
+                    def run_flashc():
+                        fc.fwd(q, k, v, out, lse, causal)
+
+                    def sdpa(backend):
+                        def run():
+                            with sdpa_kernel(backend):
+                                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+                        return run
+
+                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # the reference of max_err
+                        ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+                    ref = ref.transpose(1, 2).float()
+                    results = []
+                    backends = (("sdpa-flash", sdpa(SDPBackend.FLASH_ATTENTION)),
+                                ("sdpa-cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)),
+                                ("flashc", run_flashc))
+                    for name, fn in (b for b in backends if b[0] in args.backends.split(",")):
+                        try:
+                            fn()
+                            torch.cuda.synchronize()
+                            err = ""
+                            if name == "flashc":
+                                err = "%.3g" % (out.float() - ref).abs().max().item()
+                            ms = time_ms(fn, args.reps)
+                            results.append((name, ms, err))
+                        except Exception as e:  # a backend that cannot run this shape
+                            print("  %s d%d s%d causal%d: %s" % (name, d, s, causal, str(e)[:200]),
+                                  file=sys.stderr)
+                            results.append((name, float("nan"), ""))
+                    for name, ms, err in results:
+                        tf = fl / (ms * 1e-3) / 1e12
+                        gb = nbytes / (ms * 1e-3) / 1e9
+                        rows.append("%s,%s,%s,%d,%d,%d,%d,%d,%d,%d,%.4f,%.1f,%.1f,%s" %
+                                    (name, args.mode, dn, b, s, s, h, h, d, causal, ms, tf, gb, err))
+                    base = {n: float("nan") for n, _ in backends}
+                    base.update({n: m for n, m, _ in results})
+                    line = ("%s d%-3d s%-5d %-6s flashc %6.1f  sdpa-flash %6.1f  sdpa-cudnn %6.1f TFLOP/s  "
+                          "(flashc/FA2 %.2fx) err %s" %
+                          (dn, d, s, "causal" if causal else "", fl / base["flashc"] / 1e9,
+                           fl / base["sdpa-flash"] / 1e9, fl / base["sdpa-cudnn"] / 1e9,
+                           base["sdpa-flash"] / base["flashc"], results[-1][2]))
+                    print(line, flush=True)
+                    table.append(line)
+                    del q, k, v, out, lse, qt, kt, vt, ref
+    if args.csv:
+        os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
+        with open(args.csv, "w") as f:
+            f.write(header + "\n" + "\n".join(rows) + "\n")
+    print("\n== flashc vs SDPA, %s (TFLOP/s) ==" % args.mode)
+    print("\n".join(table))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+// ptx.cuh : the PTX instructions of the sm80 kernels, one thin wrapper each.
+//
+//   cp.async.cg 16 B (with zero fill)  global -> shared, bypassing L1
+//   cp.async.commit_group / wait_group
+//   ldmatrix.x4 (and .trans)            shared -> the mma fragment registers
+//   mma.sync.m16n8k16 bf16 / f16 -> f32 tensor-core multiply-accumulate
+//   ex2.approx, rcp.approx, shared and global vector moves
+//
+// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with
+// g = lane / 4 and t = lane % 4:
+//   A 16x16 (row):  a[0] = (g, 2t..2t+1)  a[1] = (g+8, 2t..)  a[2] = (g, 2t+8..)  a[3] = (g+8, 2t+8..)
+//   B 16x8  (col):  b[0] = (k 2t..2t+1, n g)   b[1] = (k 2t+8.., n g)
+//   C 16x8  (f32):  c[0..1] = (g, 2t..2t+1)    c[2..3] = (g+8, 2t..2t+1)
+// so the C fragments of two adjacent 8-column tiles are, after a conversion to
+// 16 bits, exactly the A fragment of one k16 slice (P stays in registers).
+#ifndef FLASHC_CUDA_PTX_CUH
+#define FLASHC_CUDA_PTX_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+// ---- shared memory addresses ----
+__device__ __forceinline__ uint32_t fc_smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// ---- cp.async ----
+// Copy 16 bytes global -> shared; when !pred nothing is read and the 16 bytes
+// are zero-filled (src must still be a valid address: pass any in-bounds one).
+__device__ __forceinline__ void fc_cp_async_16(uint32_t dst, const void *src, bool pred) {
+    const int bytes = pred ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(bytes));
+}
+
+__device__ __forceinline__ void fc_cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void fc_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// ---- ldmatrix ----
+// Four 8x8 b16 matrices; lanes 8m..8m+7 give the row addresses of matrix m,
+// and r[m] receives the lane's (row g, cols 2t..2t+1) pair of matrix m.
+__device__ __forceinline__ void fc_ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// As fc_ldmatrix_x4, each matrix transposed: r[m] = (rows 2t..2t+1, col g).
+__device__ __forceinline__ void fc_ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// ---- mma.sync m16n8k16, fp32 accumulate ----
+template <typename T>
+__device__ __forceinline__ void fc_mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1);
+
+template <>
+__device__ __forceinline__ void fc_mma_16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4],
+                                                            uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <>
+__device__ __forceinline__ void fc_mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4],
+                                                     uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- conversions ----
+// Two floats to a packed pair of T, lo in the low 16 bits (round to nearest even).
+template <typename T>
+__device__ __forceinline__ uint32_t fc_pack2(float lo, float hi);
+
+template <>
+__device__ __forceinline__ uint32_t fc_pack2<__nv_bfloat16>(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+template <>
+__device__ __forceinline__ uint32_t fc_pack2<__half>(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// ---- special functions ----
+// 2^x, max relative error 2^-22; 2^-inf = +0 (the masked-score path relies on it).
+__device__ __forceinline__ float fc_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ float fc_rcp(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// ---- shared / global vector moves ----
+__device__ __forceinline__ void fc_st_shared_b32(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ uint4 fc_ld_shared_v4(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+}
+
+// 16-byte global store (ptr 16-byte aligned).
+__device__ __forceinline__ void fc_st_global_v4(void *ptr, uint4 v) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "r"(v.x), "r"(v.y),
+                 "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+#endif  // FLASHC_CUDA_PTX_CUH

@@ -1,0 +1,98 @@
+// softmax.cuh : online softmax over the score fragments one thread holds
+// (FlashAttention-2, Dao 2023, Algorithm 1), kept entirely in registers.
+//
+// A thread holds rows g and g+8 of each of its MT 16-row mma tiles (ptx.cuh
+// fragment layout); the 4 threads of a quad (same g) hold the rest of the row,
+// so the row max is a 2-step shfl.xor all-reduce inside the quad. The row sum
+// stays a per-thread partial until finalize() (FA2 does the same).
+//
+// Scores are x in the units of params.h (raw q.k, or the softcapped tanh);
+// the probability of x is exp2(x * sl2 - m * sl2) with sl2 = score_scale_log2,
+// one FFMA and one MUFU.EX2 per element. A row whose keys are all masked so far
+// has m = -inf; it uses 0 in place of m (so exp2(-inf) = 0 and no NaN), and ends
+// with l = 0: output 0 and lse = -inf, as flash_attn.
+#ifndef FLASHC_CUDA_SOFTMAX_CUH
+#define FLASHC_CUDA_SOFTMAX_CUH
+
+#include <math.h>
+
+#include "ptx.cuh"
+
+__device__ __forceinline__ float fc_quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float fc_quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+template <int MT>
+struct fc_softmax {
+    float m[MT][2];  // running row max of x, -inf before the first visible key
+    float l[MT][2];  // this thread's part of the running row sum of exp2((x - m) * sl2)
+
+    __device__ __forceinline__ void init() {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                m[mt][hr] = -INFINITY;
+                l[mt][hr] = 0.0f;
+            }
+    }
+
+    // Fold one K tile: s (scores, masked ones -inf) becomes P = exp2((x - m_new) * sl2),
+    // unnormalised; o and l are rescaled by exp2((m_old - m_new) * sl2) unless first.
+    template <int NT, int DT>
+    __device__ __forceinline__ void update(float (&s)[MT][NT][4], float (&o)[MT][DT][4], float sl2,
+                                           bool first) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                float mx = m[mt][hr];
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+                    mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hr], s[mt][nt][2 * hr + 1]));
+                mx = fc_quad_max(mx);
+                const float m_use = mx == -INFINITY ? 0.0f : mx;
+                const float m_scaled = m_use * sl2;
+                if (!first) {
+                    // m_old = -inf gives alpha = 0: nothing was accumulated yet
+                    const float alpha = fc_exp2(m[mt][hr] * sl2 - m_scaled);
+                    l[mt][hr] *= alpha;
+#pragma unroll
+                    for (int dt = 0; dt < DT; ++dt) {
+                        o[mt][dt][2 * hr] *= alpha;
+                        o[mt][dt][2 * hr + 1] *= alpha;
+                    }
+                }
+                m[mt][hr] = mx;
+                float sum = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float pr = fc_exp2(fmaf(s[mt][nt][2 * hr + e], sl2, -m_scaled));
+                        s[mt][nt][2 * hr + e] = pr;
+                        sum += pr;
+                    }
+                l[mt][hr] += sum;
+            }
+    }
+
+    // After the last tile: the factor that normalises row (mt, hr) of O (times
+    // `rescale`, the dropout 1/(1-p)), and its natural-log lse (score_scale: the
+    // natural units of x). A row that saw no key gets 0 and -inf.
+    __device__ __forceinline__ void finalize(int mt, int hr, float score_scale, float rescale,
+                                             float *inv, float *lse) const {
+        const float sum = fc_quad_sum(l[mt][hr]);
+        const bool empty = !(sum > 0.0f);
+        *inv = empty ? 0.0f : rescale / sum;
+        *lse = empty ? -INFINITY : m[mt][hr] * score_scale + logf(sum);
+    }
+};
+
+#endif  // FLASHC_CUDA_SOFTMAX_CUH

@@ -1,0 +1,246 @@
+// launch.cu : the host side of the CUDA backend, and the only file that knows
+// which kernels exist (flash-attention's flash_api.cpp + launch templates).
+//
+//   fc_cuda_fwd(a)  fc_attn (api.c's validated problem) -> fc_cuda_fwd_params
+//                   (params.h: host-derived constants such as score_scale * log2 e),
+//                   head dim rounded up to a compiled instance (zero-padded),
+//                   one switch over the generated list of head dims
+//                   (sm80/inst/instances.h), grid from the tuning table
+//                   (traits.h), launch on a->stream, cudaGetLastError.
+//   fc_cuda_fwd_supported(a)  the same checks, nothing launched.
+//
+// The sm80 family (FA2 algorithm, sm80/fwd_kernel.cuh) serves every device of
+// compute capability >= 8.0, Hopper included, until the sm90 family lands.
+// Nothing here synchronises, allocates, or reads device memory: every pointer
+// in fc_attn (tensors, cu_seqlens, seqused_k, block_table, ...) is a device
+// pointer on this path, and api.c must not have read their contents.
+//
+// Not here yet: attn_probs (FLASHC_ERR_UNSUPPORTED), fp32 inputs, operands
+// that are not 16-byte aligned (FLASHC_ERR_UNSUPPORTED with the reason).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "params.h"
+#include "sm80/inst/instances.h"
+#include "traits.h"
+
+// ---- errors ----
+// Evaluate a CUDA runtime call; on failure record it (call, error, place) and
+// return FLASHC_ERR_CUDA from the enclosing function. Never aborts.
+#define FC_CUDA_TRY(expr)                                                                    \
+    do {                                                                                     \
+        cudaError_t fc_cuda_e_ = (expr);                                                     \
+        if (fc_cuda_e_ != cudaSuccess)                                                       \
+            return fc_set_error(FLASHC_ERR_CUDA, "%s: %s (%s:%d)", #expr,                    \
+                                cudaGetErrorString(fc_cuda_e_), __FILE__, __LINE__);         \
+    } while (0)
+
+// ---- operand checks the CUDA kernels add to api.c's ----
+// 16-byte cp.async / vector stores: data 16-byte aligned, every stride a
+// multiple of 8 elements (2-byte dtypes).
+static flashc_status fc_cuda_check_view(const char *name, const fc_view *v) {
+    if ((uintptr_t)v->ptr % 16 != 0)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "%s.data=%p but the CUDA backend needs 16-byte aligned data", name,
+                            v->ptr);
+    const int64_t strides[3] = {v->s_batch, v->s_seq, v->s_head};
+    const char *const what[3] = {"batches (or pages)", "tokens", "heads"};
+    for (int i = 0; i < 3; i++)
+        if (strides[i] % 8 != 0)
+            return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                                "%s.stride=%lld between %s but the CUDA backend needs a multiple "
+                                "of 8 elements",
+                                name, (long long)strides[i], what[i]);
+    return FLASHC_OK;
+}
+
+// ---- the instances ----
+// Smallest compiled head dim >= d, or 0.
+static int fc_sm80_fwd_dim(int64_t d) {
+#define FC_DIM_(D) \
+    if (d <= D) return D;
+    FC_SM80_FWD_HEADDIMS(FC_DIM_)
+#undef FC_DIM_
+    return 0;
+}
+
+// Largest compiled head dim.
+static int fc_sm80_fwd_max_dim(void) {
+    int m = 0;
+#define FC_MAX_(D) m = D;
+    FC_SM80_FWD_HEADDIMS(FC_MAX_)
+#undef FC_MAX_
+    return m;
+}
+
+template <int D, typename T>
+static cudaError_t fc_sm80_fwd_run(const fc_cuda_fwd_params &p, bool causal,
+                                   cudaStream_t stream) {
+    using Tr = fc_sm80_fwd_traits<D>;
+    const dim3 grid((unsigned)((p.seqlen_q + Tr::kBr - 1) / Tr::kBr), (unsigned)p.heads,
+                    (unsigned)p.batch);
+    return causal ? sm80_fwd_launch<D, T, true>(p, grid, stream)
+                  : sm80_fwd_launch<D, T, false>(p, grid, stream);
+}
+
+// Shared memory of the instance for head dim `dim` (0 if none).
+static int fc_sm80_fwd_smem(int dim) {
+    switch (dim) {
+#define FC_SMEM_(D) \
+    case D: return fc_sm80_fwd_traits<D>::kSmemBytes;
+        FC_SM80_FWD_HEADDIMS(FC_SMEM_)
+#undef FC_SMEM_
+    default: return 0;
+    }
+}
+
+// ---- the forward ----
+// What fc_cuda_fwd will run: the instance and whether there is work at all.
+typedef struct {
+    int dim;     // compiled head dim (>= head_dim, zero-padded)
+    bool causal; // the kCausal instance (right window edge on the diagonal)
+    bool empty;  // nothing to compute (no batch, head or query row)
+} fc_cuda_fwd_plan;
+
+// Every check of the CUDA forward, nothing launched: the dtype, options and
+// layouts the kernels take, and the current device.
+static flashc_status fc_cuda_fwd_check(const fc_attn *a, fc_cuda_fwd_plan *plan) {
+    if (a->dtype != FLASHC_DTYPE_BF16 && a->dtype != FLASHC_DTYPE_FP16)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "q.dtype=%s but the CUDA backend supports bf16 and fp16",
+                            flashc_dtype_name(a->dtype));
+    if (a->probs)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "attn_probs is not supported by the CUDA backend (use the CPU)");
+    plan->dim = a->head_dim % 8 == 0 ? fc_sm80_fwd_dim(a->head_dim) : 0;
+    if (plan->dim == 0)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "head_dim=%lld but this CUDA build supports multiples of 8 up to %d",
+                            (long long)a->head_dim, fc_sm80_fwd_max_dim());
+    const int64_t kMaxLen = (int64_t)1 << 30;  // keeps the kernels' int row arithmetic exact
+    if (a->max_seqlen_q >= kMaxLen || a->max_seqlen_k >= kMaxLen)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "max_seqlen_q=%lld, max_seqlen_k=%lld but the CUDA backend needs "
+                            "both below 2^30",
+                            (long long)a->max_seqlen_q, (long long)a->max_seqlen_k);
+    if (a->batch > 65535 || a->heads > 65535)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "batch=%lld, heads=%lld but the CUDA backend needs both <= 65535",
+                            (long long)a->batch, (long long)a->heads);
+    FC_TRY(fc_cuda_check_view("q", &a->q));
+    FC_TRY(fc_cuda_check_view("k", &a->k));
+    FC_TRY(fc_cuda_check_view("v", &a->v));
+    FC_TRY(fc_cuda_check_view("out", &a->out));
+    plan->causal = a->window_right == 0;
+    plan->empty = a->batch == 0 || a->heads == 0 || a->max_seqlen_q == 0;
+
+    int dev = 0, major = 0, smem_optin = 0;
+    FC_CUDA_TRY(cudaGetDevice(&dev));
+    FC_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    FC_CUDA_TRY(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (major < 8)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "CUDA device %d has compute capability %d.x but flashc needs >= 8.0",
+                            dev, major);
+    const int smem = fc_sm80_fwd_smem(plan->dim);
+    if (smem > smem_optin)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "head_dim=%lld needs %d bytes of shared memory per block but CUDA "
+                            "device %d allows %d",
+                            (long long)a->head_dim, smem, dev, smem_optin);
+    return FLASHC_OK;
+}
+
+// The kernel arguments of *a: host-derived constants included.
+static fc_cuda_fwd_params fc_cuda_fwd_make_params(const fc_attn *a) {
+    fc_cuda_fwd_params p = {};
+    p.q = a->q.ptr;
+    p.k = a->k.ptr;
+    p.v = a->v.ptr;
+    p.o = a->out.ptr;
+    p.q_s_batch = a->q.s_batch, p.q_s_seq = a->q.s_seq, p.q_s_head = a->q.s_head;
+    p.k_s_batch = a->k.s_batch, p.k_s_seq = a->k.s_seq, p.k_s_head = a->k.s_head;
+    p.v_s_batch = a->v.s_batch, p.v_s_seq = a->v.s_seq, p.v_s_head = a->v.s_head;
+    p.o_s_batch = a->out.s_batch, p.o_s_seq = a->out.s_seq, p.o_s_head = a->out.s_head;
+    p.lse = a->lse;
+    p.lse_s_batch = a->lse_s_batch, p.lse_s_head = a->lse_s_head, p.lse_s_seq = a->lse_s_seq;
+    p.batch = (int32_t)a->batch;
+    p.heads = (int32_t)a->heads;
+    p.kv_group = (int32_t)(a->heads / a->kv_heads);
+    p.head_dim = (int32_t)a->head_dim;
+    p.seqlen_q = (int32_t)a->max_seqlen_q;
+    p.seqlen_k = (int32_t)a->max_seqlen_k;
+    p.cu_seqlens_q = a->cu_seqlens_q;
+    p.cu_seqlens_k = a->cu_seqlens_k;
+    p.seqlens_k = a->seqlens_k;
+    p.block_table = a->block_table;
+    p.bt_stride = a->bt_stride;
+    p.page_size = (int32_t)a->page_size;
+    p.k_batch_idx = a->k_batch_idx;
+    p.k_leftpad = a->k_leftpad;
+
+    const double log2e = 1.0 / log(2.0);
+    const bool softcap = a->softcap > 0.0f;
+    p.score_scale = softcap ? a->softcap : a->scale;
+    p.score_scale_log2 = (float)((double)p.score_scale * log2e);
+    p.softcap_pre = softcap ? (float)(2.0 * log2e * (double)a->scale / (double)a->softcap) : 0.0f;
+    p.alibi = a->alibi;
+    p.alibi_s_batch = a->alibi_s_batch;
+    p.alibi_scale = (float)(1.0 / (double)p.score_scale);
+    // A window edge that no sequence can reach is no edge (keeps the int math
+    // in range): left >= Sk_max never clips a key, nor right >= Sq_max.
+    p.window_left = a->window_left >= a->max_seqlen_k ? -1 : a->window_left;
+    p.window_right = a->window_right >= a->max_seqlen_q ? -1 : a->window_right;
+
+    p.dropout = a->dropout_p > 0.0f;
+    p.dropout_threshold = fc_dropout_threshold(a->dropout_p);
+    p.dropout_rescale = p.dropout ? (float)(1.0 / (1.0 - (double)a->dropout_p)) : 1.0f;
+    p.dropout_seed = a->seed;
+    p.dropout_offset = a->offset;
+    return p;
+}
+
+extern "C" size_t fc_cuda_fwd_workspace(const fc_attn *a) {
+    (void)a;
+    return 0;
+}
+
+extern "C" flashc_status fc_cuda_fwd_supported(const fc_attn *a) {
+    fc_cuda_fwd_plan plan;
+    return fc_cuda_fwd_check(a, &plan);
+}
+
+extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes) {
+    (void)ws;
+    (void)ws_bytes;
+    fc_cuda_fwd_plan plan;
+    FC_TRY(fc_cuda_fwd_check(a, &plan));
+    if (plan.empty) return FLASHC_OK;
+    const fc_cuda_fwd_params p = fc_cuda_fwd_make_params(a);
+
+    // ---- dispatch: one switch over the compiled head dims ----
+    const bool bf16 = a->dtype == FLASHC_DTYPE_BF16;
+    const cudaStream_t stream = (cudaStream_t)a->stream;
+    cudaError_t e = cudaSuccess;
+    switch (plan.dim) {
+#define FC_CASE_(D)                                                               \
+    case D:                                                                       \
+        e = bf16 ? fc_sm80_fwd_run<D, __nv_bfloat16>(p, plan.causal, stream)      \
+                 : fc_sm80_fwd_run<D, __half>(p, plan.causal, stream);            \
+        break;
+        FC_SM80_FWD_HEADDIMS(FC_CASE_)
+#undef FC_CASE_
+    default:
+        return fc_set_error(FLASHC_ERR_INTERNAL, "head_dim=%lld: no instance for D=%d",
+                            (long long)a->head_dim, plan.dim);
+    }
+    if (e != cudaSuccess)
+        return fc_set_error(FLASHC_ERR_CUDA, "sm80_fwd_kernel<D=%d, %s, causal=%d> launch: %s",
+                            plan.dim, bf16 ? "bf16" : "fp16", (int)plan.causal,
+                            cudaGetErrorString(e));
+    return FLASHC_OK;
+}

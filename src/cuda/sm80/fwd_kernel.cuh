@@ -1,0 +1,398 @@
+// fwd_kernel.cuh : the sm80 attention forward, FlashAttention-2 (Dao 2023,
+// "FlashAttention-2: Faster Attention with Better Parallelism and Work
+// Partitioning", Algorithm 1), with mma.sync + ldmatrix + cp.async. It also
+// runs on sm90 (the Hopper family, sm90/, is a separate kernel).
+//
+// Names as in the paper: the CTA owns the query tile Qi (Br rows of one head of
+// one sequence) and walks the key/value tiles Kj, Vj (Bc rows each):
+//     S = Qi Kj^T                  mma.sync m16n8k16, fp32 accumulate
+//     m, l, P = online softmax(S)  in registers (common/softmax.cuh)
+//     O = diag(alpha) O + P Vj     P converted to 16 bits in registers as the
+//                                  A operand: no shared-memory round trip
+//     O /= l, lse = m + log l      once, after the last tile
+// Each of the W warps owns Br/W query rows (MT = Br/(16W) mma row tiles), so a
+// row's softmax never leaves its quad of threads.
+//
+// Data movement: Q is loaded once by cp.async (and, with kQinRegs, moved to
+// registers by ldmatrix at the first tile); K and V stream through rings of
+// kStages tiles each in the order K0 V0 K1 V1 ..., one cp.async group per tile,
+// so V(n) loads while S(n) computes and K(n+1) while O += P V(n) does (FA2's
+// interleave) plus kStages - 1 tiles of prefetch. Shared rows are padded by 16
+// bytes (traits.h) so ldmatrix is conflict-free. Loads past the sequence or
+// past the problem's head dim are zero-filled (cp.async src-size 0). The output
+// goes through this warp's Q rows in shared memory to 16-byte global stores.
+//
+// Key tiles run from the last visible one down to the first (FA2 order: the
+// diagonal tiles of a causal block come first); tiles no row of the block can
+// see are skipped, and element masks run only on partially visible tiles.
+//
+// Template parameters are only what changes the code's shape: the head dim D
+// (a row of traits.h), the dtype T (__nv_bfloat16 or __half), kCausal (the right
+// window edge is the diagonal). Everything else is a field of params.h.
+//
+// Not here: attn_probs output, split-KV, persistent scheduling, packed GQA rows,
+// unaligned operands (launch.cu refuses them).
+#ifndef FLASHC_CUDA_SM80_FWD_KERNEL_CUH
+#define FLASHC_CUDA_SM80_FWD_KERNEL_CUH
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <climits>
+
+#include "../common/dropout.cuh"
+#include "../common/mask.cuh"
+#include "../common/ptx.cuh"
+#include "../common/softmax.cuh"
+#include "../params.h"
+#include "../traits.h"
+
+// ---- where the key rows of one sequence live (src/internal.h fc_kv_row) ----
+struct fc_kv_rows {
+    const int32_t *bt;  // this sequence's block_table row, or NULL (not paged)
+    int page_size;
+    int leftpad;        // k_leftpad[b], or 0
+    int64_t k_base;     // k_batch_idx / varlen / head offset (paged: head offset only)
+    int64_t v_base;
+
+    // Element offset of key row j of the operand with base `base` and strides.
+    __device__ __forceinline__ int64_t offset(int j, int64_t base, int64_t s_batch,
+                                              int64_t s_seq) const {
+        const int r = j + leftpad;
+        if (bt) {
+            const int page = bt[r / page_size];
+            return base + (int64_t)page * s_batch + (int64_t)(r % page_size) * s_seq;
+        }
+        return base + (int64_t)r * s_seq;
+    }
+};
+
+// ---- the kernel ----
+// grid (ceil(seqlen_q / Br), H, B), block kThreads, dynamic smem kSmemBytes.
+template <int D, typename T, bool kCausal>
+__global__ void __launch_bounds__(fc_sm80_fwd_traits<D>::kThreads)
+    sm80_fwd_kernel(const __grid_constant__ fc_cuda_fwd_params p) {
+    using Tr = fc_sm80_fwd_traits<D>;
+    constexpr int Br = Tr::kBr, Bc = Tr::kBc, MT = Tr::kMT, NT = Tr::kNT, DT = Tr::kDT;
+    constexpr int KS = Tr::kKS, S = Tr::kStages, NTH = Tr::kThreads, CH = Tr::kChunks;
+    constexpr int RB = Tr::kRowBytes, TILE = Tr::kKVTileBytes;
+    constexpr int RW = 16 * MT;  // query rows per warp
+
+    extern __shared__ __align__(128) unsigned char fc_smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int b = blockIdx.z, h = blockIdx.y;
+    // causal: the longest rows (largest m_block) start first
+    const int m_block = kCausal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+
+    // ---- this sequence ----
+    const int q_row0 = p.cu_seqlens_q ? p.cu_seqlens_q[b] : 0;
+    const int sq = p.cu_seqlens_q ? p.cu_seqlens_q[b + 1] - q_row0 : p.seqlen_q;
+    const int m0 = m_block * Br;  // first query row of the tile
+    if (m0 >= sq) return;
+    const int sk = p.seqlens_k     ? p.seqlens_k[b]
+                   : p.cu_seqlens_k ? p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]
+                                    : p.seqlen_k;
+    const int rows = min(Br, sq - m0);  // valid rows of the tile
+    const T *q = static_cast<const T *>(p.q);
+    const T *k = static_cast<const T *>(p.k);
+    const T *v = static_cast<const T *>(p.v);
+    T *o = static_cast<T *>(p.o);
+    // row r of the tile: q + q_base + r * q_s_seq (likewise o)
+    const int64_t q_base = (p.cu_seqlens_q ? 0 : (int64_t)b * p.q_s_batch) +
+                           (int64_t)(q_row0 + m0) * p.q_s_seq + (int64_t)h * p.q_s_head;
+    const int64_t o_base = (p.cu_seqlens_q ? 0 : (int64_t)b * p.o_s_batch) +
+                           (int64_t)(q_row0 + m0) * p.o_s_seq + (int64_t)h * p.o_s_head;
+    const int64_t lse_base = (int64_t)b * p.lse_s_batch + (int64_t)h * p.lse_s_head +
+                             (int64_t)(q_row0 + m0) * p.lse_s_seq;
+
+    fc_kv_rows kv;
+    {
+        const int hk = h / p.kv_group;
+        kv.bt = p.block_table ? p.block_table + (int64_t)b * p.bt_stride : nullptr;
+        kv.page_size = p.page_size;
+        kv.leftpad = p.k_leftpad ? p.k_leftpad[b] : 0;
+        int64_t k_seq = 0, v_seq = 0;
+        if (!p.block_table) {
+            if (p.cu_seqlens_k) {
+                k_seq = (int64_t)p.cu_seqlens_k[b] * p.k_s_seq;
+                v_seq = (int64_t)p.cu_seqlens_k[b] * p.v_s_seq;
+            } else {
+                const int64_t kb = p.k_batch_idx ? p.k_batch_idx[b] : b;
+                k_seq = kb * p.k_s_batch;
+                v_seq = kb * p.v_s_batch;
+            }
+        }
+        kv.k_base = k_seq + (int64_t)hk * p.k_s_head;
+        kv.v_base = v_seq + (int64_t)hk * p.v_s_head;
+    }
+
+    // ---- the key tiles this block sees ----
+    const fc_mask<kCausal> mask(sq, sk, p.window_left, p.window_right);
+    int n_lo, n_hi;
+    if (!mask.template tiles<Bc>(m0, m0 + rows - 1, &n_lo, &n_hi)) {
+        // no row sees a key: out = 0, lse = -inf
+        for (int idx = tid; idx < Br * CH; idx += NTH) {
+            const int r = idx / CH, ch = idx % CH;
+            if (r < rows && ch * 8 < p.head_dim)
+                *reinterpret_cast<uint4 *>(o + o_base + (int64_t)r * p.o_s_seq + ch * 8) =
+                    make_uint4(0u, 0u, 0u, 0u);
+        }
+        if (p.lse)
+            for (int r = tid; r < rows; r += NTH) p.lse[lse_base + (int64_t)r * p.lse_s_seq] = -INFINITY;
+        return;
+    }
+    const int n_tiles = n_hi - n_lo;
+
+    // ---- shared memory: Q [Br][pitch], K [S][Bc][pitch], V [S][Bc][pitch] ----
+    const uint32_t sQ = fc_smem_u32(fc_smem);
+    const uint32_t sK = sQ + Tr::kQBytes;
+    const uint32_t sV = sK + S * TILE;
+
+    // ---- global -> shared loads (one cp.async group each) ----
+    // Thread tid copies chunk ld_ch (16 bytes) of rows ld_row + c * RPP. Chunks
+    // past the problem's head dim are zero-filled; with a padded D, ld_ch may
+    // be past the instance's row too (then the thread has nothing to copy).
+    constexpr int TPR = Tr::kLoadTPR, RPP = Tr::kLoadRPP;
+    const int ld_ch = tid % TPR, ld_row = tid / TPR;
+    const bool ld_in_row = TPR == CH || ld_ch < CH;
+    const bool ld_in_dim = ld_ch * 8 < p.head_dim;
+    // row ld_row + c * RPP of a tile starting at row j0 is copied iff j0 + c * RPP < limit
+    const int q_lim = ld_in_dim ? rows - ld_row : INT_MIN;
+    const int kv_lim = ld_in_dim ? sk - ld_row : INT_MIN;
+    const uint32_t ld_dst = ld_row * RB + ld_ch * 16;  // smem offset of the first chunk
+    auto load_q = [&]() {
+        if (!ld_in_row) return;
+        const T *src = q + q_base + (int64_t)ld_row * p.q_s_seq + ld_ch * 8;
+        const int64_t step = (int64_t)RPP * p.q_s_seq;
+#pragma unroll
+        for (int c = 0; c < Br / RPP; ++c, src += step) {
+            const bool ok = c * RPP < q_lim;
+            fc_cp_async_16(sQ + ld_dst + c * RPP * RB, ok ? src : q, ok);
+        }
+    };
+    // K or V of iteration `it` (key tile n_hi - 1 - it) into ring slot it % S;
+    // past the last tile it commits an empty group, so the group count per
+    // iteration stays fixed.
+    auto load_kv = [&](int it, bool is_v) {
+        if (it < n_tiles && ld_in_row) {
+            const int j0 = (n_hi - 1 - it) * Bc;
+            const uint32_t dst = (is_v ? sV : sK) + (it % S) * TILE + ld_dst;
+            const T *base = is_v ? v : k;
+            const int64_t op_base = (is_v ? kv.v_base : kv.k_base) + ld_ch * 8;
+            const int64_t s_seq = is_v ? p.v_s_seq : p.k_s_seq;
+            if (!kv.bt) {
+                // contiguous rows: one pointer, stepped by RPP rows
+                const T *src = base + op_base + (int64_t)(j0 + kv.leftpad + ld_row) * s_seq;
+                const int64_t step = (int64_t)RPP * s_seq;
+#pragma unroll
+                for (int c = 0; c < Bc / RPP; ++c, src += step) {
+                    const bool ok = j0 + c * RPP < kv_lim;
+                    fc_cp_async_16(dst + c * RPP * RB, ok ? src : base, ok);
+                }
+            } else {
+                // paged: every row looks up its page (any page size)
+                const int64_t s_batch = is_v ? p.v_s_batch : p.k_s_batch;
+#pragma unroll
+                for (int c = 0; c < Bc / RPP; ++c) {
+                    const bool ok = j0 + c * RPP < kv_lim;
+                    const int j = j0 + ld_row + c * RPP;
+                    const T *src = ok ? base + kv.offset(j, op_base, s_batch, s_seq) : base;
+                    fc_cp_async_16(dst + c * RPP * RB, src, ok);
+                }
+            }
+        }
+        fc_cp_async_commit();
+    };
+
+    // ---- per-lane ldmatrix addresses (ptx.cuh layouts) ----
+    const int wrow = warp * RW;  // first tile row of this warp
+    // Q (A operand) and V (B operand, transposed): matrix m = lane / 8 covers
+    // rows 8 * (m % 2) .. +7 and columns 8 * (m / 2) .. +7 of a 16x16 block
+    const uint32_t q_lds = sQ + (wrow + (lane & 15)) * RB + (lane >> 4) * 16;
+    const uint32_t v_lds = sV + (lane & 15) * RB + (lane >> 4) * 16;
+    // K (B operand): matrices (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7), (8-15, 8-15)
+    const uint32_t k_lds = sK + ((lane & 7) + ((lane >> 4) << 3)) * RB + ((lane >> 3) & 1) * 16;
+
+    // ---- prologue: Q + K(0), then V(s), K(s+1) for the other stages ----
+    load_q();
+    load_kv(0, false);
+#pragma unroll
+    for (int s = 0; s + 1 < S; ++s) {
+        load_kv(s, true);
+        load_kv(s + 1, false);
+    }
+
+    float acc_o[MT][DT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] = 0.0f;
+    fc_softmax<MT> sm;
+    sm.init();
+    uint32_t q_frag[Tr::kQinRegs ? MT : 1][Tr::kQinRegs ? KS : 1][4];
+
+    const int row0 = m0 + wrow + g;  // query row (in the sequence) of this thread's element 0
+    const float slope_x =
+        p.alibi ? p.alibi[(int64_t)b * p.alibi_s_batch + h] * p.alibi_scale : 0.0f;
+    const uint32_t bh = (uint32_t)b * (uint32_t)p.heads + (uint32_t)h;
+
+    // ---- the KV loop ----
+    for (int it = 0; it < n_tiles; ++it) {
+        const int j0 = (n_hi - 1 - it) * Bc;
+        const uint32_t slot = (uint32_t)(it % S) * TILE;
+
+        // K(it) has landed (2S - 2 younger groups may fly); every warp is past
+        // O += P V(it - 1), so V slot (it - 1) % S is free
+        fc_cp_async_wait<2 * S - 2>();
+        __syncthreads();
+        load_kv(it + S - 1, true);
+
+        if constexpr (Tr::kQinRegs) {
+            if (it == 0) {
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int ks = 0; ks < KS; ++ks)
+                        fc_ldmatrix_x4(q_frag[mt][ks], q_lds + mt * 16 * RB + ks * 32);
+            }
+        }
+
+        // S = Q K^T, software-pipelined over the (k16 step ks, key pair np)
+        // steps: the fragments of the next step are read from shared memory
+        // while this one multiplies (two register sets each for Q and K)
+        float acc_s[MT][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.0f;
+        constexpr int NP = NT / 2;
+        uint32_t a[2][MT][4], bk[2][4];
+        auto load_a = [&](int ks) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                if constexpr (Tr::kQinRegs) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) a[ks & 1][mt][e] = q_frag[mt][ks][e];
+                } else {
+                    fc_ldmatrix_x4(a[ks & 1][mt], q_lds + mt * 16 * RB + ks * 32);
+                }
+            }
+        };
+        auto load_b = [&](int step) {
+            fc_ldmatrix_x4(bk[step & 1], k_lds + slot + (step % NP) * 16 * RB + (step / NP) * 32);
+        };
+        load_a(0);
+        load_b(0);
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+            for (int np = 0; np < NP; ++np) {
+                const int step = ks * NP + np, cur = step & 1;
+                if (step + 1 < KS * NP) load_b(step + 1);
+                if (np == 0 && ks + 1 < KS) load_a(ks + 1);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    fc_mma_16816<T>(acc_s[mt][2 * np], a[ks & 1][mt], bk[cur][0], bk[cur][1]);
+                    fc_mma_16816<T>(acc_s[mt][2 * np + 1], a[ks & 1][mt], bk[cur][2], bk[cur][3]);
+                }
+            }
+
+        // score modifiers, masks, online softmax, dropout
+        const int col0 = j0 + 2 * t;  // key of this thread's element 0
+        if (p.softcap_pre != 0.0f) fc_softcap(acc_s, p.softcap_pre);
+        if (p.alibi) mask.alibi(acc_s, row0, col0, slope_x);
+        if (mask.template tile_partial<Bc>(m0, m0 + rows - 1, j0)) mask.apply(acc_s, row0, col0);
+        sm.update(acc_s, acc_o, p.score_scale_log2, it == 0);
+        if (p.dropout)
+            fc_dropout_apply(acc_s, p.dropout_seed, p.dropout_offset, p.dropout_threshold, bh, row0,
+                             (uint64_t)(j0 / 8), t);
+
+        // P to 16 bits: the C fragments of 8-column tiles 2kk, 2kk+1 are the A
+        // fragment of k16 slice kk (ptx.cuh)
+        uint32_t p_frag[MT][Bc / 16][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int kk = 0; kk < Bc / 16; ++kk) {
+                p_frag[mt][kk][0] = fc_pack2<T>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+                p_frag[mt][kk][1] = fc_pack2<T>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+                p_frag[mt][kk][2] = fc_pack2<T>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+                p_frag[mt][kk][3] = fc_pack2<T>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+            }
+
+        // V(it) has landed; every warp is past S(it), so K slot it % S is free
+        fc_cp_async_wait<2 * S - 2>();
+        __syncthreads();
+        load_kv(it + S, false);
+
+        // O += P V
+#pragma unroll
+        for (int kk = 0; kk < Bc / 16; ++kk)
+#pragma unroll
+            for (int dp = 0; dp < DT / 2; ++dp) {
+                uint32_t bv[4];
+                fc_ldmatrix_x4_trans(bv, v_lds + slot + kk * 16 * RB + dp * 32);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    fc_mma_16816<T>(acc_o[mt][2 * dp], p_frag[mt][kk], bv[0], bv[1]);
+                    fc_mma_16816<T>(acc_o[mt][2 * dp + 1], p_frag[mt][kk], bv[2], bv[3]);
+                }
+            }
+    }
+    fc_cp_async_wait<0>();  // only empty groups can remain
+
+    // ---- epilogue: O / l through this warp's own Q rows to 16-byte stores ----
+    __syncwarp();  // this warp's last ldmatrix of its Q rows is done
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            float inv, lse;
+            sm.finalize(mt, hr, p.score_scale, p.dropout_rescale, &inv, &lse);
+            const int r = wrow + 16 * mt + 8 * hr + g;  // tile row
+            const uint32_t dst = sQ + r * RB + t * 4;
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt)
+                fc_st_shared_b32(dst + dt * 16, fc_pack2<T>(acc_o[mt][dt][2 * hr] * inv,
+                                                            acc_o[mt][dt][2 * hr + 1] * inv));
+            if (p.lse && t == 0 && r < rows) p.lse[lse_base + (int64_t)r * p.lse_s_seq] = lse;
+        }
+    __syncwarp();
+#pragma unroll
+    for (int c = 0; c < RW * CH / 32; ++c) {
+        const int idx = lane + 32 * c, r = wrow + idx / CH, ch = idx % CH;
+        if (r < rows && ch * 8 < p.head_dim)
+            fc_st_global_v4(o + o_base + (int64_t)r * p.o_s_seq + ch * 8,
+                            fc_ld_shared_v4(sQ + r * RB + ch * 16));
+    }
+}
+
+// ---- the launcher of one instance (instantiated in inst/*.cu) ----
+// Sets the dynamic shared memory limit once per device, then launches on
+// `stream`. Returns the launch's cudaError_t; never synchronises.
+template <int D, typename T, bool kCausal>
+cudaError_t sm80_fwd_launch(const fc_cuda_fwd_params &p, dim3 grid, cudaStream_t stream) {
+    using Tr = fc_sm80_fwd_traits<D>;
+    static std::atomic<uint64_t> smem_set{0};  // bit d: attribute set on device d
+    if (Tr::kSmemBytes > 48 * 1024) {
+        int dev = 0;
+        cudaError_t e = cudaGetDevice(&dev);
+        if (e != cudaSuccess) return e;
+        const uint64_t bit = dev < 64 ? 1ull << dev : 0;
+        if (!(smem_set.load(std::memory_order_relaxed) & bit)) {
+            e = cudaFuncSetAttribute(sm80_fwd_kernel<D, T, kCausal>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+            if (e != cudaSuccess) return e;
+            smem_set.fetch_or(bit, std::memory_order_relaxed);
+        }
+    }
+    sm80_fwd_kernel<D, T, kCausal><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+    return cudaGetLastError();
+}
+
+#endif  // FLASHC_CUDA_SM80_FWD_KERNEL_CUH

@@ -1,0 +1,101 @@
+// traits.h : the one tuning table of the CUDA forward kernels, and the sizes
+// derived from it.
+//
+// One row per head dim D of the sm80 family (sm80/fwd_kernel.cuh; it also runs
+// on sm90): the query tile Br, the key tile Bc, the warps of a CTA, the K/V
+// pipeline depth, and whether the Q tile stays in registers for the whole KV
+// loop (else it is re-read from shared memory by ldmatrix at every K tile, as
+// FA2 does when registers are short). A problem head dim that is not a row runs
+// with the next larger row, zero-padded.
+//
+// Stages: the K ring and the V ring each hold kStages tiles. With 1 the kernel
+// runs FA2's interleave (V(n) loads under S(n) = Q K(n)^T, K(n+1) under
+// O += P V(n)); every extra stage adds one tile pair of prefetch distance.
+//
+// Registers (per thread): O accumulator MT*D/8*4 + S accumulator MT*Bc/8*4
+// (+ MT*D/16*4 for Q in registers) fp32/b32, MT = Br / (16 * warps) row tiles
+// of 16 per warp. The rows start from FA2's tiles (flash_fwd_launch_template.h:
+// D64 128x128 and D128 128x64 with 4 warps, D192 128x64 with 8; D256 64x64 with
+// 4, FA2's H100 choice: 101 KB, so 2 CTAs per SM on sm90 against 1 for 128x64
+// with 8 warps); D160 takes 8 warps here because FA2's 128x32 with 4 spills.
+// They are the knobs to tune on the device (measurements: bench/NOTES.md);
+// after changing a row, check `-Xptxas -v` for spills (D64 128x128 spills 4
+// bytes on sm90a, outside the measured cost: it still beats 128x64 by 5-8%).
+// Every row must fit both arches: D128 (104 KB) runs 2 CTAs per SM on sm90 but
+// 1 on sm80.
+//
+// Shared memory layout: rows of D elements padded by 8 (16 bytes), so the 8 row
+// addresses of an ldmatrix 8x8 matrix fall in 8 different 16-byte bank groups
+// (row pitch D/8 + 1 chunks, odd because D % 16 == 0): conflict-free without a
+// swizzle, for every D of the table.
+#ifndef FLASHC_CUDA_TRAITS_H
+#define FLASHC_CUDA_TRAITS_H
+
+// ---- the table ----
+//   X(D,  Br,  Bc, warps, stages, q_in_regs)
+#define FC_SM80_FWD_TILES(X)      \
+    X(32,  128, 128, 4, 2, 1)     \
+    X(64,  128, 128, 4, 2, 0)     \
+    X(96,  128, 64,  4, 2, 0)     \
+    X(128, 128, 64,  4, 2, 0)     \
+    X(160, 128, 64,  8, 2, 0)     \
+    X(192, 128, 64,  8, 2, 0)     \
+    X(224, 128, 64,  8, 1, 0)     \
+    X(256, 64,  64,  4, 1, 0)
+
+// Opt-in dynamic shared memory per block: A100 (sm80) 163 KB, H100/H200 (sm90) 227 KB.
+#define FC_SM80_SMEM_LIMIT 166912
+#define FC_SM90_SMEM_LIMIT 232448
+
+template <int D>
+struct fc_sm80_fwd_tile;  // only the rows of the table exist
+
+#define FC_SM80_FWD_TILE_ROW_(D_, BR, BC, WARPS, STAGES, QREGS) \
+    template <>                                                 \
+    struct fc_sm80_fwd_tile<D_> {                               \
+        static constexpr int kBr = BR;                          \
+        static constexpr int kBc = BC;                          \
+        static constexpr int kWarps = WARPS;                    \
+        static constexpr int kStages = STAGES;                  \
+        static constexpr bool kQinRegs = QREGS != 0;            \
+    };
+FC_SM80_FWD_TILES(FC_SM80_FWD_TILE_ROW_)
+#undef FC_SM80_FWD_TILE_ROW_
+
+// ---- derived sizes and their bounds ----
+template <int D>
+struct fc_sm80_fwd_traits : fc_sm80_fwd_tile<D> {
+    using tile = fc_sm80_fwd_tile<D>;
+    static constexpr int kD = D;
+    static constexpr int kBr = tile::kBr, kBc = tile::kBc, kWarps = tile::kWarps;
+    static constexpr int kStages = tile::kStages;
+    static constexpr bool kQinRegs = tile::kQinRegs;
+    static constexpr int kThreads = 32 * kWarps;
+    static constexpr int kMT = kBr / (16 * kWarps);  // 16-row mma tiles per warp
+    static constexpr int kNT = kBc / 8;              // 8-column tiles of S per row tile
+    static constexpr int kDT = D / 8;                // 8-column tiles of O per row tile
+    static constexpr int kKS = D / 16;               // k16 steps of S = Q K^T
+    static constexpr int kChunks = D / 8;            // 16-byte chunks per row
+    static constexpr int kPitch = D + 8;             // smem row pitch, elements
+    static constexpr int kRowBytes = kPitch * 2;
+    static constexpr int kQBytes = kBr * kRowBytes;
+    static constexpr int kKVTileBytes = kBc * kRowBytes;
+    static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVTileBytes;
+    // global -> shared copies: kLoadTPR threads per row (a power of two >= kChunks),
+    // kLoadRPP rows per pass of the CTA
+    static constexpr int kLoadTPR = kChunks <= 4 ? 4 : kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
+    static constexpr int kLoadRPP = kThreads / kLoadTPR;
+    static constexpr int kAccRegs = kMT * kDT * 4 + kMT * kNT * 4 + (kQinRegs ? kMT * kKS * 4 : 0);
+
+    static_assert(D % 32 == 0 && D >= 32 && D <= 256, "head dim: a multiple of 32 up to 256");
+    static_assert(kBr % (16 * kWarps) == 0, "Br must be a multiple of 16 * warps");
+    static_assert(kBc % 32 == 0, "Bc must be a multiple of 32 (ldmatrix pairs, dropout groups of 4)");
+    static_assert(kStages >= 1, "at least one K/V stage");
+    static_assert(kBr % kLoadRPP == 0 && kBc % kLoadRPP == 0, "tile loads must split evenly");
+    static_assert((kPitch / 8) % 2 == 1, "the row pitch in 16-byte chunks must be odd");
+    static_assert(kSmemBytes <= FC_SM80_SMEM_LIMIT, "shared memory must fit 163 KB (sm80)");
+    static_assert(kSmemBytes <= FC_SM90_SMEM_LIMIT, "shared memory must fit 227 KB (sm90)");
+    static_assert(kAccRegs <= 200, "accumulators leave too few of the 255 registers");
+};
+
+#endif  // FLASHC_CUDA_TRAITS_H

@@ -1,0 +1,607 @@
+/* test_gpu_fwd.c : the CUDA forward against the float64 reference.
+ *
+ * Runs flashc_fwd / flashc_varlen_fwd on device tensors (cudaMalloc'd, outputs
+ * poisoned with NaN by cudaMemset 0xff before every call), copies the results
+ * back and checks them with DEVELOPERS.md's tolerance rule against
+ * fc_ref_fwd / fc_ref_varlen_fwd run on host copies of the same inputs.
+ *
+ * Cases:
+ * - the sweep: dtype {bf16, fp16} x D {32, 64, 80 (zero-padded to 96), 96, 128,
+ *   256} x option {none, causal, window, softcap, alibi, dropout, gqa}, each
+ *   with one shape from (Sq, Sk) in {(1,1), (17,113), (113,17), (1000,1000),
+ *   (2049,1000)}, picked so every pair of (dtype, D, shape, option) values
+ *   meets in some case;
+ * - packed layouts: qkvpacked [B,S,3,H,D] and kvpacked [B,S,2,Hk,D] views;
+ * - varlen with an empty query sequence and an empty key sequence, with and
+ *   without causal, and with seqused_k;
+ * - paged KV (varlen + block_table) with page sizes 1, 3 and 16;
+ * - the dropout mask bit for bit: with Sk <= D and V = identity, out[i][j] is
+ *   0 exactly where element (i, j) was dropped, so the GPU's mask is read off
+ *   its output and compared with the sign pattern of attn_probs from the
+ *   reference and from the CPU backend (same seed and offset; the offset
+ *   carries into the counter's high word).
+ *
+ * Build: this file + tests/run.c, linked with flashc_static and cudart.
+ * Needs a CUDA device of compute capability >= 8.0; without one every case fails.
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../src/internal.h" /* fc_store */
+#include "../../src/reference.h"
+#include "../fc_test.h"
+
+// ---- device buffers ----
+
+/* Like FC_ASSERT_OK, but jumps to the case's `done:` so its buffers are freed. */
+#define GB_OK(expr)                                                                 \
+    do {                                                                            \
+        flashc_status gb_s_ = (expr);                                               \
+        if (gb_s_ != FLASHC_OK) {                                                   \
+            fc_test_fail(__FILE__, __LINE__, "%s: %s (%s)", #expr,                  \
+                         flashc_status_string(gb_s_), flashc_last_error());         \
+            goto done;                                                              \
+        }                                                                           \
+    } while (0)
+
+/* A host buffer and its device twin; one per tensor. */
+typedef struct {
+    void *h, *d;
+    size_t bytes;
+} gb_buf;
+
+typedef struct {
+    gb_buf b[16];
+    int n;
+    void *host[16];
+    int nhost;
+} gb_arena;
+
+static int gb_cuda_ok(cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return 1;
+    fc_test_fail(__FILE__, __LINE__, "%s: %s", what, cudaGetErrorString(e));
+    return 0;
+}
+
+/* A buffer of `bytes` (host zeroed, device unset). NULL on failure (recorded). */
+static gb_buf *gb_new(gb_arena *a, size_t bytes) {
+    gb_buf *b = &a->b[a->n++];
+    b->bytes = bytes ? bytes : 16;
+    b->h = calloc(1, b->bytes);
+    b->d = NULL;
+    if (!b->h || !gb_cuda_ok(cudaMalloc(&b->d, b->bytes), "cudaMalloc")) return NULL;
+    return b;
+}
+
+static int gb_upload(const gb_buf *b) {
+    return gb_cuda_ok(cudaMemcpy(b->d, b->h, b->bytes, cudaMemcpyHostToDevice), "upload");
+}
+
+static int gb_download(const gb_buf *b) {
+    return gb_cuda_ok(cudaMemcpy(b->h, b->d, b->bytes, cudaMemcpyDeviceToHost), "download");
+}
+
+/* NaN in every float dtype: 0xffff (bf16, fp16), 0xffffffff (fp32). */
+static int gb_poison(const gb_buf *b) {
+    return gb_cuda_ok(cudaMemset(b->d, 0xff, b->bytes), "poison");
+}
+
+static double *gb_dbl(gb_arena *a, int64_t n) {
+    double *p = (double *)malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+    a->host[a->nhost++] = p;
+    return p;
+}
+
+static void gb_free(gb_arena *a) {
+    for (int i = 0; i < a->n; i++) {
+        free(a->b[i].h);
+        if (a->b[i].d) cudaFree(a->b[i].d);
+    }
+    for (int i = 0; i < a->nhost; i++) free(a->host[i]);
+    a->n = a->nhost = 0;
+}
+
+/* A view of buffer b (host or device side) at element offset off. */
+static flashc_tensor gb_view(const gb_buf *b, int dev, flashc_dtype dt, int64_t off, int ndim,
+                             const int64_t *shape, const int64_t *stride) {
+    flashc_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = (char *)(dev ? b->d : b->h) + off * (int64_t)flashc_dtype_size(dt);
+    t.dtype = dt;
+    t.ndim = ndim;
+    for (int i = 0; i < ndim; i++) {
+        t.shape[i] = shape[i];
+        t.stride[i] = stride[i];
+    }
+    t.device = dev ? FLASHC_DEVICE_CUDA : FLASHC_DEVICE_CPU;
+    return t;
+}
+
+static void gb_contig_strides(int ndim, const int64_t *shape, int64_t *stride) {
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        stride[i] = s;
+        s *= shape[i];
+    }
+}
+
+static void gb_fill(gb_buf *b, flashc_dtype dt, double lo, double hi) {
+    fc_fill_random(b->h, dt, (int64_t)(b->bytes / flashc_dtype_size(dt)), lo, hi);
+}
+
+/* Run the call on the device and wait for it; 1 on success. */
+static int gb_sync(void) { return gb_cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+
+/* A device workspace for `bytes` (NULL for 0). */
+static void *gb_ws(gb_arena *a, size_t bytes) {
+    if (!bytes) return NULL;
+    gb_buf *b = gb_new(a, bytes);
+    return b ? b->d : NULL;
+}
+
+// ---- the batched sweep ----
+
+typedef enum {
+    GO_NONE,
+    GO_CAUSAL,
+    GO_WINDOW,
+    GO_SOFTCAP,
+    GO_ALIBI,
+    GO_DROPOUT,
+    GO_GQA,
+    GO_COUNT
+} gpu_opt;
+
+static const char *const go_names[GO_COUNT] = {"none",  "causal",  "window", "softcap",
+                                                "alibi", "dropout", "gqa"};
+
+/* Layout of k and v: separate [B,Sk,Hk,D] tensors, views into one kvpacked
+ * [B,Sk,2,Hk,D] buffer, or (Sq == Sk, Hk == H) q, k, v into qkvpacked [B,S,3,H,D]. */
+typedef enum { GL_SEPARATE, GL_KVPACKED, GL_QKVPACKED } gpu_layout;
+
+typedef struct {
+    flashc_dtype dt;
+    int64_t b, sq, sk, h, hk, d;
+    gpu_opt opt;
+    gpu_layout layout;
+    int variant; /* picks between two flavours of an option (window, alibi) */
+} gpu_case;
+
+#define GPU_MAX_CASES 128
+static gpu_case gpu_cases[GPU_MAX_CASES];
+static int gpu_ncases;
+
+static flashc_params gpu_params(const gpu_case *c) {
+    flashc_params p = flashc_params_default();
+    p.softmax_scale = (float)(2.0 / sqrt((double)c->d)); /* peakier than the default */
+    switch (c->opt) {
+    case GO_CAUSAL: p.causal = 1; break;
+    case GO_WINDOW:
+        /* variant 0: a two-sided window; 1: causal with a left edge (local) */
+        p.window_left = c->variant ? 29 : 41;
+        p.window_right = c->variant ? 0 : 7;
+        break;
+    case GO_SOFTCAP:
+        p.softcap = 5.0f;
+        p.softmax_scale = (float)(6.0 / sqrt((double)c->d));
+        break;
+    case GO_DROPOUT:
+        p.dropout_p = 0.17f;
+        p.dropout_seed = fc_rand_u64();
+        p.dropout_offset = fc_rand_u64() >> 40;
+        break;
+    default: break;
+    }
+    return p;
+}
+
+static void gpu_run_batched(const void *param) {
+    const gpu_case *c = (const gpu_case *)param;
+    const flashc_dtype dt = c->dt;
+    const int64_t B = c->b, Sq = c->sq, Sk = c->sk, H = c->h, Hk = c->hk, D = c->d;
+    const size_t es = flashc_dtype_size(dt);
+    gb_arena ar = {0};
+    flashc_params p = gpu_params(c);
+
+    // q, k, v in one of the layouts; values uniform in [-1, 1)
+    int64_t qshape[4] = {B, Sq, H, D}, kshape[4] = {B, Sk, Hk, D};
+    int64_t qstride[4], kstride[4], ostride[4];
+    gb_buf *qb, *kb, *vb;
+    int64_t k_off = 0, v_off = 0;
+    gb_contig_strides(4, qshape, qstride);
+    gb_contig_strides(4, qshape, ostride);
+    gb_contig_strides(4, kshape, kstride);
+    if (c->layout == GL_QKVPACKED) {
+        qb = kb = vb = gb_new(&ar, (size_t)(B * Sq * 3 * H * D) * es);
+        int64_t s[4] = {Sq * 3 * H * D, 3 * H * D, D, 1};
+        memcpy(qstride, s, sizeof s);
+        memcpy(kstride, s, sizeof s);
+        k_off = H * D;
+        v_off = 2 * H * D;
+    } else {
+        qb = gb_new(&ar, (size_t)(B * Sq * H * D) * es);
+        if (c->layout == GL_KVPACKED) {
+            kb = vb = gb_new(&ar, (size_t)(B * Sk * 2 * Hk * D) * es);
+            int64_t s[4] = {Sk * 2 * Hk * D, 2 * Hk * D, D, 1};
+            memcpy(kstride, s, sizeof s);
+            v_off = Hk * D;
+        } else {
+            kb = gb_new(&ar, (size_t)(B * Sk * Hk * D) * es);
+            vb = gb_new(&ar, (size_t)(B * Sk * Hk * D) * es);
+        }
+    }
+    gb_buf *ob = gb_new(&ar, (size_t)(B * Sq * H * D) * es);
+    gb_buf *lb = gb_new(&ar, (size_t)(B * H * Sq) * sizeof(float));
+    gb_buf *ab = NULL;
+    int64_t ashape[2] = {B, H}, astride[2] = {H, 1};
+    if (c->opt == GO_ALIBI) ab = gb_new(&ar, (size_t)(B * H) * sizeof(float));
+    if (!qb || !kb || !vb || !ob || !lb || (c->opt == GO_ALIBI && !ab)) goto done;
+    gb_fill(qb, dt, -1.0, 1.0);
+    if (kb != qb) gb_fill(kb, dt, -1.0, 1.0);
+    if (vb != kb) gb_fill(vb, dt, -1.0, 1.0);
+    if (ab) {
+        float *s = (float *)ab->h;
+        for (int64_t i = 0; i < B * H; i++) s[i] = (float)fc_rand_uniform(0.01, 0.6);
+    }
+    if (!gb_upload(qb) || (kb != qb && !gb_upload(kb)) || (vb != kb && !gb_upload(vb)) ||
+        (ab && !gb_upload(ab)) || !gb_poison(ob) || !gb_poison(lb))
+        goto done;
+
+    int64_t lshape[3] = {B, H, Sq}, lstride[3];
+    gb_contig_strides(3, lshape, lstride);
+    flashc_fwd_args da, ha;
+    memset(&da, 0, sizeof da);
+    memset(&ha, 0, sizeof ha);
+    for (int dev = 0; dev < 2; dev++) {
+        flashc_fwd_args *x = dev ? &da : &ha;
+        x->q = gb_view(qb, dev, dt, 0, 4, qshape, qstride);
+        x->k = gb_view(kb, dev, dt, k_off, 4, kshape, kstride);
+        x->v = gb_view(vb, dev, dt, v_off, 4, kshape, kstride);
+        x->out = gb_view(ob, dev, dt, 0, 4, qshape, ostride);
+        x->softmax_lse = gb_view(lb, dev, FLASHC_DTYPE_FP32, 0, 3, lshape, lstride);
+        if (ab) {
+            /* variant 0: slopes [H] (the first row), 1: slopes [B, H] */
+            x->alibi_slopes = c->variant ? gb_view(ab, dev, FLASHC_DTYPE_FP32, 0, 2, ashape, astride)
+                                         : gb_view(ab, dev, FLASHC_DTYPE_FP32, 0, 1, ashape + 1,
+                                                   astride + 1);
+        }
+    }
+
+    size_t ws_bytes = 0;
+    GB_OK(flashc_fwd_workspace_size(&da, &p, &ws_bytes));
+    void *ws = gb_ws(&ar, ws_bytes);
+    if (ws_bytes && !ws) goto done;
+    GB_OK(flashc_fwd(&da, &p, ws, ws_bytes));
+    if (!gb_sync() || !gb_download(ob) || !gb_download(lb)) goto done;
+
+    {
+        const int64_t no = B * Sq * H * D, nl = B * H * Sq;
+        double *r_out = gb_dbl(&ar, no), *r_lse = gb_dbl(&ar, nl);
+        double *l_out = gb_dbl(&ar, no), *l_lse = gb_dbl(&ar, nl);
+        double *g_out = gb_dbl(&ar, no), *g_lse = gb_dbl(&ar, nl);
+        GB_OK(fc_ref_fwd(&ha, &p, FC_REF_F64, r_out, r_lse, NULL));
+        GB_OK(fc_ref_fwd(&ha, &p, FC_REF_LOWP, l_out, l_lse, NULL));
+        fc_tensor_to_double(&ha.out, g_out);
+        fc_tensor_to_double(&ha.softmax_lse, g_lse);
+        fc_check_close("out", dt, g_out, r_out, l_out, no);
+        fc_check_close("lse", dt, g_lse, r_lse, l_lse, nl);
+    }
+done:
+    gb_free(&ar);
+}
+
+static void gpu_add(const char *name, const gpu_case *c) {
+    if (gpu_ncases == GPU_MAX_CASES) {
+        fprintf(stderr, "test_gpu_fwd: too many cases\n");
+        abort();
+    }
+    gpu_cases[gpu_ncases] = *c;
+    fc_test_add(name, gpu_run_batched, &gpu_cases[gpu_ncases]);
+    gpu_ncases++;
+}
+
+FC_TEST_REGISTER(gpu_fwd_sweep) {
+    static const int64_t dims[6] = {32, 64, 80, 96, 128, 256};
+    static const int64_t shapes[5][2] = {{1, 1}, {17, 113}, {113, 17}, {1000, 1000}, {2049, 1000}};
+    static const flashc_dtype dts[2] = {FLASHC_DTYPE_BF16, FLASHC_DTYPE_FP16};
+    for (int t = 0; t < 2; t++)
+        for (int di = 0; di < 6; di++)
+            for (int o = 0; o < GO_COUNT; o++) {
+                const int si = (3 * o + di + t) % 5; /* every pair of values meets */
+                gpu_case c;
+                memset(&c, 0, sizeof c);
+                c.dt = dts[t];
+                c.d = dims[di];
+                c.sq = shapes[si][0];
+                c.sk = shapes[si][1];
+                const int big = c.sq * c.sk > 100000; /* keep the float64 reference quick */
+                c.b = big ? 1 : 2;
+                c.h = big ? 1 : 3;
+                c.hk = c.h;
+                if (o == GO_GQA) {
+                    c.h = big ? 2 : 6;
+                    c.hk = big ? 1 : 2;
+                }
+                c.opt = (gpu_opt)o;
+                c.variant = (di + t) % 2;
+                c.layout = GL_SEPARATE;
+                char name[128];
+                snprintf(name, sizeof name, "gpu_fwd_%s_d%lld_%lldx%lld_%s%s", flashc_dtype_name(c.dt),
+                         (long long)c.d, (long long)c.sq, (long long)c.sk, go_names[o],
+                         (o == GO_WINDOW || o == GO_ALIBI) ? (c.variant ? "1" : "0") : "");
+                gpu_add(name, &c);
+            }
+}
+
+FC_TEST_REGISTER(gpu_fwd_packed) {
+    gpu_case c;
+    memset(&c, 0, sizeof c);
+    c.dt = FLASHC_DTYPE_BF16;
+    c.b = 2, c.sq = c.sk = 257, c.h = c.hk = 2, c.d = 64;
+    c.opt = GO_CAUSAL;
+    c.layout = GL_QKVPACKED;
+    gpu_add("gpu_fwd_qkvpacked_bf16_d64_257_causal", &c);
+    c.dt = FLASHC_DTYPE_FP16;
+    c.sq = 130, c.sk = 301, c.h = 4, c.hk = 2, c.d = 128;
+    c.opt = GO_GQA;
+    c.layout = GL_KVPACKED;
+    gpu_add("gpu_fwd_kvpacked_fp16_d128_130x301_gqa", &c);
+}
+
+// ---- varlen and paged ----
+
+typedef struct {
+    flashc_dtype dt;
+    int64_t d, h, hk;
+    int causal;
+    int seqused;   /* use seqused_k */
+    int page_size; /* 0 = not paged */
+} gpu_varlen_case;
+
+static gpu_varlen_case gpu_vcases[16];
+static int gpu_nvcases;
+
+/* Sequence lengths: b = 1 has no query rows, b = 3 no keys. */
+#define GV_B 4
+static const int32_t gv_lq[GV_B] = {37, 0, 130, 5};
+static const int32_t gv_lk[GV_B] = {45, 9, 190, 0};
+static const int32_t gv_used[GV_B] = {40, 9, 77, 0};
+
+static void gpu_run_varlen(const void *param) {
+    const gpu_varlen_case *c = (const gpu_varlen_case *)param;
+    const flashc_dtype dt = c->dt;
+    const int64_t H = c->h, Hk = c->hk, D = c->d;
+    const size_t es = flashc_dtype_size(dt);
+    gb_arena ar = {0};
+    flashc_params p = flashc_params_default();
+    p.causal = c->causal;
+    p.softmax_scale = (float)(2.0 / sqrt((double)D));
+
+    int32_t cuq[GV_B + 1] = {0}, cuk[GV_B + 1] = {0};
+    int64_t max_q = 0, max_k = 0;
+    for (int b = 0; b < GV_B; b++) {
+        cuq[b + 1] = cuq[b] + gv_lq[b];
+        cuk[b + 1] = cuk[b] + gv_lk[b];
+        if (gv_lq[b] > max_q) max_q = gv_lq[b];
+        if (gv_lk[b] > max_k) max_k = gv_lk[b];
+    }
+    const int64_t tq = cuq[GV_B], tk = cuk[GV_B];
+    // paged: pages of page_size rows, shuffled, max_blocks per sequence
+    const int64_t ps = c->page_size;
+    const int64_t max_blocks = ps ? (max_k + ps - 1) / ps : 0;
+    const int64_t nblocks = ps ? GV_B * max_blocks + 3 : 0;
+    const int64_t krows = ps ? nblocks * ps : tk;
+
+    gb_buf *qb = gb_new(&ar, (size_t)(tq * H * D) * es);
+    gb_buf *kb = gb_new(&ar, (size_t)(krows * Hk * D) * es);
+    gb_buf *vb = gb_new(&ar, (size_t)(krows * Hk * D) * es);
+    gb_buf *ob = gb_new(&ar, (size_t)(tq * H * D) * es);
+    gb_buf *lb = gb_new(&ar, (size_t)(H * tq) * sizeof(float));
+    gb_buf *cqb = gb_new(&ar, sizeof cuq), *ckb = gb_new(&ar, sizeof cuk);
+    gb_buf *ub = gb_new(&ar, sizeof gv_used);
+    gb_buf *btb = ps ? gb_new(&ar, (size_t)(GV_B * max_blocks) * sizeof(int32_t)) : NULL;
+    if (!qb || !kb || !vb || !ob || !lb || !cqb || !ckb || !ub || (ps && !btb)) goto done;
+    gb_fill(qb, dt, -1.0, 1.0);
+    gb_fill(kb, dt, -1.0, 1.0);
+    gb_fill(vb, dt, -1.0, 1.0);
+    memcpy(cqb->h, cuq, sizeof cuq);
+    memcpy(ckb->h, cuk, sizeof cuk);
+    memcpy(ub->h, gv_used, sizeof gv_used);
+    if (btb) {
+        /* a random permutation of the pages, so neighbours are far apart */
+        int32_t *perm = (int32_t *)malloc((size_t)nblocks * sizeof(int32_t));
+        for (int64_t i = 0; i < nblocks; i++) perm[i] = (int32_t)i;
+        for (int64_t i = nblocks - 1; i > 0; i--) {
+            int64_t j = (int64_t)(fc_rand_u64() % (uint64_t)(i + 1));
+            int32_t t = perm[i];
+            perm[i] = perm[j];
+            perm[j] = t;
+        }
+        memcpy(btb->h, perm, (size_t)(GV_B * max_blocks) * sizeof(int32_t));
+        free(perm);
+    }
+    if (!gb_upload(qb) || !gb_upload(kb) || !gb_upload(vb) || !gb_upload(cqb) ||
+        !gb_upload(ckb) || !gb_upload(ub) || (btb && !gb_upload(btb)) || !gb_poison(ob) ||
+        !gb_poison(lb))
+        goto done;
+
+    flashc_varlen_fwd_args da, ha;
+    memset(&da, 0, sizeof da);
+    memset(&ha, 0, sizeof ha);
+    int64_t qshape[3] = {tq, H, D}, qstride[3];
+    int64_t kshape3[3] = {tk, Hk, D}, kstride3[3];
+    int64_t kshape4[4] = {nblocks, ps, Hk, D}, kstride4[4];
+    int64_t lshape[2] = {H, tq}, lstride[2];
+    int64_t cshape[1] = {GV_B + 1}, ushape[1] = {GV_B}, one[1] = {1};
+    int64_t btshape[2] = {GV_B, max_blocks}, btstride[2] = {max_blocks, 1};
+    gb_contig_strides(3, qshape, qstride);
+    gb_contig_strides(3, kshape3, kstride3);
+    gb_contig_strides(4, kshape4, kstride4);
+    gb_contig_strides(2, lshape, lstride);
+    for (int dev = 0; dev < 2; dev++) {
+        flashc_varlen_fwd_args *x = dev ? &da : &ha;
+        x->q = gb_view(qb, dev, dt, 0, 3, qshape, qstride);
+        x->out = gb_view(ob, dev, dt, 0, 3, qshape, qstride);
+        if (ps) {
+            x->k = gb_view(kb, dev, dt, 0, 4, kshape4, kstride4);
+            x->v = gb_view(vb, dev, dt, 0, 4, kshape4, kstride4);
+            x->block_table = gb_view(btb, dev, FLASHC_DTYPE_INT32, 0, 2, btshape, btstride);
+        } else {
+            x->k = gb_view(kb, dev, dt, 0, 3, kshape3, kstride3);
+            x->v = gb_view(vb, dev, dt, 0, 3, kshape3, kstride3);
+        }
+        x->cu_seqlens_q = gb_view(cqb, dev, FLASHC_DTYPE_INT32, 0, 1, cshape, one);
+        x->cu_seqlens_k = gb_view(ckb, dev, FLASHC_DTYPE_INT32, 0, 1, cshape, one);
+        if (c->seqused) x->seqused_k = gb_view(ub, dev, FLASHC_DTYPE_INT32, 0, 1, ushape, one);
+        x->max_seqlen_q = max_q;
+        x->max_seqlen_k = max_k;
+        x->softmax_lse = gb_view(lb, dev, FLASHC_DTYPE_FP32, 0, 2, lshape, lstride);
+    }
+
+    size_t ws_bytes = 0;
+    GB_OK(flashc_varlen_fwd_workspace_size(&da, &p, &ws_bytes));
+    void *ws = gb_ws(&ar, ws_bytes);
+    if (ws_bytes && !ws) goto done;
+    GB_OK(flashc_varlen_fwd(&da, &p, ws, ws_bytes));
+    if (!gb_sync() || !gb_download(ob) || !gb_download(lb)) goto done;
+    {
+        const int64_t no = tq * H * D, nl = H * tq;
+        double *r_out = gb_dbl(&ar, no), *r_lse = gb_dbl(&ar, nl);
+        double *l_out = gb_dbl(&ar, no), *l_lse = gb_dbl(&ar, nl);
+        double *g_out = gb_dbl(&ar, no), *g_lse = gb_dbl(&ar, nl);
+        GB_OK(fc_ref_varlen_fwd(&ha, &p, FC_REF_F64, r_out, r_lse, NULL));
+        GB_OK(fc_ref_varlen_fwd(&ha, &p, FC_REF_LOWP, l_out, l_lse, NULL));
+        fc_tensor_to_double(&ha.out, g_out);
+        fc_tensor_to_double(&ha.softmax_lse, g_lse);
+        fc_check_close("out", dt, g_out, r_out, l_out, no);
+        fc_check_close("lse", dt, g_lse, r_lse, l_lse, nl);
+    }
+done:
+    gb_free(&ar);
+}
+
+static void gpu_add_varlen(const char *name, gpu_varlen_case c) {
+    gpu_vcases[gpu_nvcases] = c;
+    fc_test_add(name, gpu_run_varlen, &gpu_vcases[gpu_nvcases]);
+    gpu_nvcases++;
+}
+
+FC_TEST_REGISTER(gpu_fwd_varlen) {
+    const flashc_dtype bf = FLASHC_DTYPE_BF16, fp = FLASHC_DTYPE_FP16;
+    /* dt, D, H, Hk, causal, seqused, page_size */
+    gpu_add_varlen("gpu_varlen_bf16_d128", (gpu_varlen_case){bf, 128, 4, 2, 0, 0, 0});
+    gpu_add_varlen("gpu_varlen_fp16_d64_causal", (gpu_varlen_case){fp, 64, 2, 2, 1, 0, 0});
+    gpu_add_varlen("gpu_varlen_bf16_d96_causal_seqused", (gpu_varlen_case){bf, 96, 3, 1, 1, 1, 0});
+    gpu_add_varlen("gpu_varlen_fp16_d256_seqused", (gpu_varlen_case){fp, 256, 2, 1, 0, 1, 0});
+    gpu_add_varlen("gpu_paged_bf16_d128_page16", (gpu_varlen_case){bf, 128, 4, 2, 0, 0, 16});
+    gpu_add_varlen("gpu_paged_fp16_d64_page3_causal", (gpu_varlen_case){fp, 64, 2, 1, 1, 0, 3});
+    gpu_add_varlen("gpu_paged_bf16_d32_page1_seqused", (gpu_varlen_case){bf, 32, 2, 2, 0, 1, 1});
+}
+
+// ---- the dropout mask, bit for bit ----
+
+typedef struct {
+    flashc_dtype dt;
+    int64_t d, sq; /* Sk = D */
+} gpu_mask_case;
+
+static gpu_mask_case gpu_mcases[4];
+
+static void gpu_run_mask(const void *param) {
+    const gpu_mask_case *c = (const gpu_mask_case *)param;
+    const flashc_dtype dt = c->dt;
+    const int64_t B = 2, H = 3, Sq = c->sq, Sk = c->d, D = c->d;
+    const size_t es = flashc_dtype_size(dt);
+    gb_arena ar = {0};
+    flashc_params p = flashc_params_default();
+    p.dropout_p = 0.3f;
+    p.dropout_seed = 0x9e3779b97f4a7c15ull ^ (fc_rand_u64() & 0xffff);
+    p.dropout_offset = 0xfffffffdull; /* j / 8 >= 3 carries into the counter's high word */
+
+    int64_t qshape[4] = {B, Sq, H, D}, kshape[4] = {B, Sk, H, D}, qs[4], ks[4];
+    int64_t lshape[3] = {B, H, Sq}, ls[3], pshape[4] = {B, H, Sq, Sk}, pstr[4];
+    gb_contig_strides(4, qshape, qs);
+    gb_contig_strides(4, kshape, ks);
+    gb_contig_strides(3, lshape, ls);
+    gb_contig_strides(4, pshape, pstr);
+    gb_buf *qb = gb_new(&ar, (size_t)(B * Sq * H * D) * es);
+    gb_buf *kb = gb_new(&ar, (size_t)(B * Sk * H * D) * es);
+    gb_buf *vb = gb_new(&ar, (size_t)(B * Sk * H * D) * es);
+    gb_buf *ob = gb_new(&ar, (size_t)(B * Sq * H * D) * es);
+    gb_buf *lb = gb_new(&ar, (size_t)(B * H * Sq) * sizeof(float));
+    if (!qb || !kb || !vb || !ob || !lb) goto done;
+    gb_fill(qb, dt, -1.0, 1.0);
+    gb_fill(kb, dt, -1.0, 1.0);
+    /* V[b, j, h, :] = e_j: out[b, i, h, j] = P'[i, j], which is 0 iff dropped */
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t j = 0; j < Sk; j++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t d = 0; d < D; d++)
+                    fc_store(dt, vb->h, ((b * Sk + j) * H + h) * D + d, d == j ? 1.0f : 0.0f);
+    if (!gb_upload(qb) || !gb_upload(kb) || !gb_upload(vb) || !gb_poison(ob) || !gb_poison(lb))
+        goto done;
+
+    flashc_fwd_args da, ha;
+    for (int dev = 0; dev < 2; dev++) {
+        flashc_fwd_args *x = dev ? &da : &ha;
+        memset(x, 0, sizeof *x);
+        x->q = gb_view(qb, dev, dt, 0, 4, qshape, qs);
+        x->k = gb_view(kb, dev, dt, 0, 4, kshape, ks);
+        x->v = gb_view(vb, dev, dt, 0, 4, kshape, ks);
+        x->out = gb_view(ob, dev, dt, 0, 4, qshape, qs);
+        x->softmax_lse = gb_view(lb, dev, FLASHC_DTYPE_FP32, 0, 3, lshape, ls);
+    }
+    GB_OK(flashc_fwd(&da, &p, NULL, 0));
+    if (!gb_sync() || !gb_download(ob)) goto done;
+
+    {
+        const int64_t np = B * H * Sq * Sk;
+        double *ref_probs = gb_dbl(&ar, np), *cpu_probs = gb_dbl(&ar, np);
+        GB_OK(fc_ref_fwd(&ha, &p, FC_REF_F64, NULL, NULL, ref_probs));
+        /* the CPU backend on host tensors: its attn_probs carries the mask as signs */
+        gb_buf *cpu_out = gb_new(&ar, (size_t)(B * Sq * H * D) * es);
+        gb_buf *cpu_pr = gb_new(&ar, (size_t)np * sizeof(float));
+        if (!cpu_out || !cpu_pr) goto done;
+        flashc_fwd_args ca = ha;
+        ca.out = gb_view(cpu_out, 0, dt, 0, 4, qshape, qs);
+        ca.softmax_lse.data = NULL;
+        ca.attn_probs = gb_view(cpu_pr, 0, FLASHC_DTYPE_FP32, 0, 4, pshape, pstr);
+        GB_OK(flashc_fwd(&ca, &p, NULL, 0));
+        fc_tensor_to_double(&ca.attn_probs, cpu_probs);
+
+        int64_t bad_ref = 0, bad_cpu = 0, dropped = 0;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t i = 0; i < Sq; i++)
+                    for (int64_t j = 0; j < Sk; j++) {
+                        const double o = fc_get(ob->h, dt, ((b * Sq + i) * H + h) * D + j);
+                        const int gpu_drop = o == 0.0;
+                        const int64_t pi = ((b * H + h) * Sq + i) * Sk + j;
+                        const int ref_drop = signbit(ref_probs[pi]) != 0;
+                        const int cpu_drop = signbit(cpu_probs[pi]) != 0;
+                        dropped += gpu_drop;
+                        if (gpu_drop != ref_drop && bad_ref++ < 4)
+                            printf("    mask (b=%lld h=%lld i=%lld j=%lld): gpu %d ref %d (out %g)\n",
+                                   (long long)b, (long long)h, (long long)i, (long long)j,
+                                   gpu_drop, ref_drop, o);
+                        if (gpu_drop != cpu_drop) bad_cpu++;
+                    }
+        FC_EXPECT_EQ(bad_ref, 0);
+        FC_EXPECT_EQ(bad_cpu, 0);
+        /* the drop rate is near p (a sanity check that the mask is not empty) */
+        const double rate = (double)dropped / (double)np;
+        FC_EXPECT_NEAR(rate, p.dropout_p, 0.03);
+    }
+done:
+    gb_free(&ar);
+}
+
+FC_TEST_REGISTER(gpu_fwd_dropout_mask) {
+    gpu_mcases[0] = (gpu_mask_case){FLASHC_DTYPE_BF16, 128, 300};
+    gpu_mcases[1] = (gpu_mask_case){FLASHC_DTYPE_FP16, 64, 257};
+    fc_test_add("gpu_dropout_mask_bf16_d128_300x128", gpu_run_mask, &gpu_mcases[0]);
+    fc_test_add("gpu_dropout_mask_fp16_d64_257x64", gpu_run_mask, &gpu_mcases[1]);
+}
