@@ -41,6 +41,11 @@
  * - CUDA calls are asynchronous, ordered on params.stream, and never synchronise
  *   inside the op.
  * - Integer tensors (cu_seqlens, block_table, cache_seqlens, ...) are int32.
+ *   On the CPU their values are validated; on a CUDA device they are not read
+ *   on the host (that would synchronise), so the caller answers for them.
+ * - params == NULL means flashc_params_default(); args == NULL is an error.
+ * - The CUDA backend so far runs the forward (flashc_fwd, flashc_varlen_fwd) for
+ *   fp16 and bf16; its backward and kvcache calls return FLASHC_ERR_UNSUPPORTED.
  */
 #ifndef FLASHC_H
 #define FLASHC_H
