@@ -16,6 +16,13 @@
 #define FC_HD static inline
 #endif
 
+/* The Philox4x32 multipliers and Weyl key increments (Salmon et al., Table 2);
+ * the vector paths in src/cpu/simd_*.c use them too. */
+#define FC_PHILOX_M0 0xD2511F53u
+#define FC_PHILOX_M1 0xCD9E8D57u
+#define FC_PHILOX_W0 0x9E3779B9u
+#define FC_PHILOX_W1 0xBB67AE85u
+
 typedef struct fc_philox4 {
     uint32_t x[4];
 } fc_philox4;
@@ -29,19 +36,17 @@ FC_HD uint32_t fc_mulhilo32(uint32_t a, uint32_t b, uint32_t *hi) {
 /* Philox4x32-10 of counter c under key k. */
 FC_HD fc_philox4 fc_philox(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
                            uint32_t k1) {
-    const uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u;
-    const uint32_t W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
     for (int r = 0; r < 10; r++) {
         uint32_t hi0, hi1;
-        uint32_t lo0 = fc_mulhilo32(M0, c0, &hi0);
-        uint32_t lo1 = fc_mulhilo32(M1, c2, &hi1);
+        uint32_t lo0 = fc_mulhilo32(FC_PHILOX_M0, c0, &hi0);
+        uint32_t lo1 = fc_mulhilo32(FC_PHILOX_M1, c2, &hi1);
         uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
         c0 = n0;
         c1 = lo1;
         c2 = n2;
         c3 = lo0;
-        k0 += W0;
-        k1 += W1;
+        k0 += FC_PHILOX_W0;
+        k1 += FC_PHILOX_W1;
     }
     fc_philox4 out = {{c0, c1, c2, c3}};
     return out;

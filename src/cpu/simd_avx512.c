@@ -29,6 +29,7 @@
 #include <stddef.h>
 
 #include "simd.h"
+#include "../common/philox.h"
 
 /* ---- constants ---- */
 #define FC_LOG2E 1.44269504088896340736f
@@ -386,11 +387,7 @@ static void fc_avx512_softmax_cols(int M, int N, float *x, int ld, float *m, flo
 }
 
 /* ---- dropout ---- */
-/* Philox4x32-10 of philox.h on 16 lanes (the same constants). */
-#define FC_PHILOX_M0 0xD2511F53u
-#define FC_PHILOX_M1 0xCD9E8D57u
-#define FC_PHILOX_W0 0x9E3779B9u
-#define FC_PHILOX_W1 0xBB67AE85u
+/* Philox4x32-10 of philox.h on 16 lanes (its constants). */
 
 /* lo, hi: the 64-bit products m * c of each 32-bit lane, split */
 static inline void fc_mulhilo16(__m512i m, __m512i c, __m512i *lo, __m512i *hi) {
