@@ -624,6 +624,8 @@ static flashc_status fc_prepare_attention(const fc_operands *o, const flashc_par
         a->max_seqlen_k = o->max_seqlen_k;
         a->cu_seqlens_q = (const int32_t *)o->cu_q->data;
         a->cu_seqlens_k = (const int32_t *)o->cu_k->data;
+        a->total_q = o->q->shape[0];
+        a->total_k = o->k->shape[0];
         if (o->seqused_k && o->seqused_k->data) a->seqlens_k = (const int32_t *)o->seqused_k->data;
         if (paged) {
             a->block_table = (const int32_t *)o->block_table->data;

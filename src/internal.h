@@ -84,6 +84,7 @@ typedef struct fc_attn {
     int64_t page_size;          /* rows per page when paged */
     const int32_t *k_batch_idx; /* kvcache cache_batch_idx, or NULL */
     const int32_t *k_leftpad;   /* kvcache cache_leftpad, or NULL */
+    int64_t total_q, total_k;   /* varlen: q.shape[0], k.shape[0] (pages when paged); batched: 0 */
 
     /* operands (ptr NULL when absent) */
     fc_view q, k, v, out;

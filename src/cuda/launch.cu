@@ -8,6 +8,10 @@
 //                   (sm80/inst/instances.h), grid from the tuning table
 //                   (traits.h), launch on a->stream, cudaGetLastError.
 //   fc_cuda_fwd_supported(a)  the same checks, nothing launched.
+//   fc_cuda_fwd_workspace(a)  bytes for the repacked operands (common/repack.cuh):
+//                   q, k, v, out that are not 16-byte aligned, have a stride
+//                   that is not a multiple of 8 elements, or (all four) when D
+//                   is not a multiple of 8; 0 when every operand is read in place.
 //
 // The sm80 family (FA2 algorithm, sm80/fwd_kernel.cuh) serves every device of
 // compute capability >= 8.0, Hopper included, until the sm90 family lands.
@@ -15,8 +19,7 @@
 // in fc_attn (tensors, cu_seqlens, seqused_k, block_table, ...) is a device
 // pointer on this path, and api.c must not have read their contents.
 //
-// Not here yet: attn_probs (FLASHC_ERR_UNSUPPORTED), fp32 inputs, operands
-// that are not 16-byte aligned (FLASHC_ERR_UNSUPPORTED with the reason).
+// Not here yet: attn_probs (FLASHC_ERR_UNSUPPORTED), fp32 inputs.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -24,6 +27,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "common/repack.cuh"
 #include "params.h"
 #include "sm80/inst/instances.h"
 #include "traits.h"
@@ -39,23 +43,48 @@
                                 cudaGetErrorString(fc_cuda_e_), __FILE__, __LINE__);         \
     } while (0)
 
-// ---- operand checks the CUDA kernels add to api.c's ----
+// ---- operands the kernels read in place, and the repacked rest ----
 // 16-byte cp.async / vector stores: data 16-byte aligned, every stride a
-// multiple of 8 elements (2-byte dtypes).
-static flashc_status fc_cuda_check_view(const char *name, const fc_view *v) {
-    if ((uintptr_t)v->ptr % 16 != 0)
-        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "%s.data=%p but the CUDA backend needs 16-byte aligned data", name,
-                            v->ptr);
-    const int64_t strides[3] = {v->s_batch, v->s_seq, v->s_head};
-    const char *const what[3] = {"batches (or pages)", "tokens", "heads"};
-    for (int i = 0; i < 3; i++)
-        if (strides[i] % 8 != 0)
-            return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                                "%s.stride=%lld between %s but the CUDA backend needs a multiple "
-                                "of 8 elements",
-                                name, (long long)strides[i], what[i]);
-    return FLASHC_OK;
+// multiple of 8 elements (2-byte dtypes), D a multiple of 8.
+static bool fc_cuda_view_direct(const fc_view *v, int64_t d) {
+    return d % 8 == 0 && (uintptr_t)v->ptr % 16 == 0 && v->s_batch % 8 == 0 &&
+           v->s_seq % 8 == 0 && v->s_head % 8 == 0;
+}
+
+enum { FC_PACK_Q, FC_PACK_K, FC_PACK_V, FC_PACK_OUT, FC_PACK_N };
+
+// Which operands go through the workspace, their index spaces and its carving.
+typedef struct {
+    int64_t dp;                      // D rounded up to 8: the packed row length
+    bool packed[FC_PACK_N];          // q, k, v, out
+    fc_cuda_pack_dims dims[FC_PACK_N];
+    size_t off[FC_PACK_N];           // region offsets in the workspace
+    size_t bytes;                    // the workspace needed (0: none)
+} fc_cuda_pack_plan;
+
+static fc_cuda_pack_plan fc_cuda_pack_layout(const fc_attn *a) {
+    fc_cuda_pack_plan pk = {};
+    pk.dp = (a->head_dim + 7) / 8 * 8;
+    const bool varlen = a->cu_seqlens_q != NULL;
+    // q, out: batched [B, Sq], varlen [1, total_q]
+    const fc_cuda_pack_dims qd = {varlen ? 1 : a->batch, varlen ? a->total_q : a->max_seqlen_q,
+                                  a->heads};
+    // k, v: batched [B, Sk], varlen [1, total_k], paged [pages, page_size]
+    const fc_cuda_pack_dims kd = {a->block_table ? a->total_k : varlen ? 1 : a->batch,
+                                  a->block_table ? a->page_size
+                                  : varlen       ? a->total_k
+                                                 : a->max_seqlen_k,
+                                  a->kv_heads};
+    const fc_view *const views[FC_PACK_N] = {&a->q, &a->k, &a->v, &a->out};
+    size_t sizes[FC_PACK_N];
+    const bool empty = a->batch == 0 || a->heads == 0 || a->max_seqlen_q == 0;
+    for (int i = 0; i < FC_PACK_N; i++) {
+        pk.dims[i] = i == FC_PACK_K || i == FC_PACK_V ? kd : qd;
+        pk.packed[i] = !empty && !fc_cuda_view_direct(views[i], a->head_dim);
+        sizes[i] = pk.packed[i] ? (size_t)fc_cuda_pack_elems(pk.dims[i], pk.dp) * 2 : 0;
+    }
+    pk.bytes = fc_ws_layout(FC_PACK_N, sizes, pk.off);
+    return pk;
 }
 
 // ---- the instances ----
@@ -116,10 +145,10 @@ static flashc_status fc_cuda_fwd_check(const fc_attn *a, fc_cuda_fwd_plan *plan)
     if (a->probs)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "attn_probs is not supported by the CUDA backend (use the CPU)");
-    plan->dim = a->head_dim % 8 == 0 ? fc_sm80_fwd_dim(a->head_dim) : 0;
+    plan->dim = fc_sm80_fwd_dim((a->head_dim + 7) / 8 * 8);
     if (plan->dim == 0)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "head_dim=%lld but this CUDA build supports multiples of 8 up to %d",
+                            "head_dim=%lld but this CUDA build supports up to %d",
                             (long long)a->head_dim, fc_sm80_fwd_max_dim());
     const int64_t kMaxLen = (int64_t)1 << 30;  // keeps the kernels' int row arithmetic exact
     if (a->max_seqlen_q >= kMaxLen || a->max_seqlen_k >= kMaxLen)
@@ -131,10 +160,6 @@ static flashc_status fc_cuda_fwd_check(const fc_attn *a, fc_cuda_fwd_plan *plan)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "batch=%lld, heads=%lld but the CUDA backend needs both <= 65535",
                             (long long)a->batch, (long long)a->heads);
-    FC_TRY(fc_cuda_check_view("q", &a->q));
-    FC_TRY(fc_cuda_check_view("k", &a->k));
-    FC_TRY(fc_cuda_check_view("v", &a->v));
-    FC_TRY(fc_cuda_check_view("out", &a->out));
     plan->causal = a->window_right == 0;
     plan->empty = a->batch == 0 || a->heads == 0 || a->max_seqlen_q == 0;
 
@@ -205,8 +230,7 @@ static fc_cuda_fwd_params fc_cuda_fwd_make_params(const fc_attn *a) {
 }
 
 extern "C" size_t fc_cuda_fwd_workspace(const fc_attn *a) {
-    (void)a;
-    return 0;
+    return fc_cuda_pack_layout(a).bytes;
 }
 
 extern "C" flashc_status fc_cuda_fwd_supported(const fc_attn *a) {
@@ -215,16 +239,48 @@ extern "C" flashc_status fc_cuda_fwd_supported(const fc_attn *a) {
 }
 
 extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes) {
-    (void)ws;
-    (void)ws_bytes;
     fc_cuda_fwd_plan plan;
     FC_TRY(fc_cuda_fwd_check(a, &plan));
     if (plan.empty) return FLASHC_OK;
-    const fc_cuda_fwd_params p = fc_cuda_fwd_make_params(a);
+    fc_cuda_fwd_params p = fc_cuda_fwd_make_params(a);
+    const cudaStream_t stream = (cudaStream_t)a->stream;
+
+    // ---- repack what the kernels cannot read in place ----
+    const fc_cuda_pack_plan pk = fc_cuda_pack_layout(a);
+    if (ws_bytes < pk.bytes || (pk.bytes && !ws))
+        return fc_set_error(FLASHC_ERR_WORKSPACE_TOO_SMALL,
+                            "workspace_bytes=%zu but %zu are needed", ws_bytes, pk.bytes);
+    const fc_view *const views[FC_PACK_N] = {&a->q, &a->k, &a->v, &a->out};
+    void *buf[FC_PACK_N] = {};
+    for (int i = 0; i < FC_PACK_N; i++) {
+        if (!pk.packed[i]) continue;
+        buf[i] = (char *)ws + pk.off[i];
+        const fc_cuda_pack_dims &e = pk.dims[i];
+        // dense [n0, n1, heads, dp]; varlen rows by token index (s_batch 0)
+        const bool kv = i == FC_PACK_K || i == FC_PACK_V;
+        const int64_t s_head = pk.dp, s_seq = e.heads * pk.dp;
+        const int64_t s_batch = a->cu_seqlens_q && !(kv && a->block_table) ? 0 : e.n1 * s_seq;
+        if (i != FC_PACK_OUT)
+            FC_CUDA_TRY(fc_cuda_pack(buf[i], *views[i], e, a->head_dim, pk.dp, stream));
+        switch (i) {
+        case FC_PACK_Q:
+            p.q = buf[i], p.q_s_batch = s_batch, p.q_s_seq = s_seq, p.q_s_head = s_head;
+            break;
+        case FC_PACK_K:
+            p.k = buf[i], p.k_s_batch = s_batch, p.k_s_seq = s_seq, p.k_s_head = s_head;
+            break;
+        case FC_PACK_V:
+            p.v = buf[i], p.v_s_batch = s_batch, p.v_s_seq = s_seq, p.v_s_head = s_head;
+            break;
+        default:
+            p.o = buf[i], p.o_s_batch = s_batch, p.o_s_seq = s_seq, p.o_s_head = s_head;
+            break;
+        }
+    }
+    p.head_dim = (int32_t)pk.dp;
 
     // ---- dispatch: one switch over the compiled head dims ----
     const bool bf16 = a->dtype == FLASHC_DTYPE_BF16;
-    const cudaStream_t stream = (cudaStream_t)a->stream;
     cudaError_t e = cudaSuccess;
     switch (plan.dim) {
 #define FC_CASE_(D)                                                               \
@@ -242,5 +298,8 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
         return fc_set_error(FLASHC_ERR_CUDA, "sm80_fwd_kernel<D=%d, %s, causal=%d> launch: %s",
                             plan.dim, bf16 ? "bf16" : "fp16", (int)plan.causal,
                             cudaGetErrorString(e));
+    if (pk.packed[FC_PACK_OUT])
+        FC_CUDA_TRY(fc_cuda_unpack(a->out, buf[FC_PACK_OUT], pk.dims[FC_PACK_OUT], a->head_dim,
+                                   pk.dp, a->cu_seqlens_q, a->batch, stream));
     return FLASHC_OK;
 }

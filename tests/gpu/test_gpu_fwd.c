@@ -12,6 +12,10 @@
  *   (2049,1000)}, picked so every pair of (dtype, D, shape, option) values
  *   meets in some case;
  * - packed layouts: qkvpacked [B,S,3,H,D] and kvpacked [B,S,2,Hk,D] views;
+ * - operands the kernels cannot read in place (repacked through the
+ *   workspace): D in {1, 7, 36, 100, 129, 250} x {bf16, fp16} x {none,
+ *   causal}, q (and out) one element past a 16-byte boundary, and a varlen
+ *   and a paged case with D not a multiple of 8;
  * - varlen with an empty query sequence and an empty key sequence, with and
  *   without causal, and with seqused_k;
  * - paged KV (varlen + block_table) with page sizes 1, 3 and 16;
@@ -168,6 +172,7 @@ typedef struct {
     gpu_opt opt;
     gpu_layout layout;
     int variant; /* picks between two flavours of an option (window, alibi) */
+    int misalign; /* bit 0: q one element past the buffer start; bit 1: out likewise */
 } gpu_case;
 
 #define GPU_MAX_CASES 128
@@ -222,7 +227,7 @@ static void gpu_run_batched(const void *param) {
         k_off = H * D;
         v_off = 2 * H * D;
     } else {
-        qb = gb_new(&ar, (size_t)(B * Sq * H * D) * es);
+        qb = gb_new(&ar, (size_t)(B * Sq * H * D + 1) * es);
         if (c->layout == GL_KVPACKED) {
             kb = vb = gb_new(&ar, (size_t)(B * Sk * 2 * Hk * D) * es);
             int64_t s[4] = {Sk * 2 * Hk * D, 2 * Hk * D, D, 1};
@@ -233,9 +238,10 @@ static void gpu_run_batched(const void *param) {
             vb = gb_new(&ar, (size_t)(B * Sk * Hk * D) * es);
         }
     }
-    gb_buf *ob = gb_new(&ar, (size_t)(B * Sq * H * D) * es);
+    gb_buf *ob = gb_new(&ar, (size_t)(B * Sq * H * D + 1) * es);
     gb_buf *lb = gb_new(&ar, (size_t)(B * H * Sq) * sizeof(float));
     gb_buf *ab = NULL;
+    const int64_t q_off = c->misalign & 1, o_off = (c->misalign >> 1) & 1;
     int64_t ashape[2] = {B, H}, astride[2] = {H, 1};
     if (c->opt == GO_ALIBI) ab = gb_new(&ar, (size_t)(B * H) * sizeof(float));
     if (!qb || !kb || !vb || !ob || !lb || (c->opt == GO_ALIBI && !ab)) goto done;
@@ -257,10 +263,10 @@ static void gpu_run_batched(const void *param) {
     memset(&ha, 0, sizeof ha);
     for (int dev = 0; dev < 2; dev++) {
         flashc_fwd_args *x = dev ? &da : &ha;
-        x->q = gb_view(qb, dev, dt, 0, 4, qshape, qstride);
+        x->q = gb_view(qb, dev, dt, q_off, 4, qshape, qstride);
         x->k = gb_view(kb, dev, dt, k_off, 4, kshape, kstride);
         x->v = gb_view(vb, dev, dt, v_off, 4, kshape, kstride);
-        x->out = gb_view(ob, dev, dt, 0, 4, qshape, ostride);
+        x->out = gb_view(ob, dev, dt, o_off, 4, qshape, ostride);
         x->softmax_lse = gb_view(lb, dev, FLASHC_DTYPE_FP32, 0, 3, lshape, lstride);
         if (ab) {
             /* variant 0: slopes [H] (the first row), 1: slopes [B, H] */
@@ -349,6 +355,41 @@ FC_TEST_REGISTER(gpu_fwd_packed) {
     c.opt = GO_GQA;
     c.layout = GL_KVPACKED;
     gpu_add("gpu_fwd_kvpacked_fp16_d128_130x301_gqa", &c);
+}
+
+FC_TEST_REGISTER(gpu_fwd_pad) {
+    static const int64_t dims[6] = {1, 7, 36, 100, 129, 250};
+    static const int64_t shapes[3][2] = {{17, 113}, {113, 17}, {130, 301}};
+    static const flashc_dtype dts[2] = {FLASHC_DTYPE_BF16, FLASHC_DTYPE_FP16};
+    gpu_case c;
+    for (int t = 0; t < 2; t++)
+        for (int di = 0; di < 6; di++)
+            for (int causal = 0; causal < 2; causal++) {
+                const int si = (di + t + causal) % 3;
+                memset(&c, 0, sizeof c);
+                c.dt = dts[t];
+                c.d = dims[di];
+                c.sq = shapes[si][0];
+                c.sk = shapes[si][1];
+                c.b = 2, c.h = 3, c.hk = 3;
+                c.opt = causal ? GO_CAUSAL : GO_NONE;
+                char name[128];
+                snprintf(name, sizeof name, "gpu_fwd_pad_%s_d%lld_%lldx%lld_%s",
+                         flashc_dtype_name(c.dt), (long long)c.d, (long long)c.sq,
+                         (long long)c.sk, causal ? "causal" : "none");
+                gpu_add(name, &c);
+            }
+    memset(&c, 0, sizeof c);
+    c.dt = FLASHC_DTYPE_BF16;
+    c.b = 2, c.sq = 77, c.sk = 190, c.h = 4, c.hk = 2, c.d = 64;
+    c.opt = GO_CAUSAL;
+    c.misalign = 1;
+    gpu_add("gpu_fwd_pad_misaligned_q_bf16_d64_77x190_causal", &c);
+    c.dt = FLASHC_DTYPE_FP16;
+    c.d = 100;
+    c.opt = GO_NONE;
+    c.misalign = 3;
+    gpu_add("gpu_fwd_pad_misaligned_qo_fp16_d100_77x190", &c);
 }
 
 // ---- varlen and paged ----
@@ -499,6 +540,9 @@ FC_TEST_REGISTER(gpu_fwd_varlen) {
     gpu_add_varlen("gpu_paged_bf16_d128_page16", (gpu_varlen_case){bf, 128, 4, 2, 0, 0, 16});
     gpu_add_varlen("gpu_paged_fp16_d64_page3_causal", (gpu_varlen_case){fp, 64, 2, 1, 1, 0, 3});
     gpu_add_varlen("gpu_paged_bf16_d32_page1_seqused", (gpu_varlen_case){bf, 32, 2, 2, 0, 1, 1});
+    /* D not a multiple of 8: repacked through the workspace */
+    gpu_add_varlen("gpu_varlen_pad_fp16_d36_causal", (gpu_varlen_case){fp, 36, 3, 1, 1, 0, 0});
+    gpu_add_varlen("gpu_paged_pad_bf16_d100_page3_seqused", (gpu_varlen_case){bf, 100, 2, 1, 0, 1, 3});
 }
 
 // ---- the dropout mask, bit for bit ----
