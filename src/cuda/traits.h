@@ -10,14 +10,16 @@
 //
 // Stages: the K ring and the V ring each hold kStages tiles. With 1 the kernel
 // runs FA2's interleave (V(n) loads under S(n) = Q K(n)^T, K(n+1) under
-// O += P V(n)); every extra stage adds one tile pair of prefetch distance.
+// softmax and O += P V(n)); every extra stage adds one tile pair of prefetch
+// distance.
 //
 // Registers (per thread): O accumulator MT*D/8*4 + S accumulator MT*Bc/8*4
 // (+ MT*D/16*4 for Q in registers) fp32/b32, MT = Br / (16 * warps) row tiles
 // of 16 per warp. The rows start from FA2's tiles (flash_fwd_launch_template.h:
 // D64 128x128 and D128 128x64 with 4 warps, D192 128x64 with 8; D256 64x64 with
 // 4, FA2's H100 choice: 101 KB, so 2 CTAs per SM on sm90 against 1 for 128x64
-// with 8 warps); D160 takes 8 warps here because FA2's 128x32 with 4 spills.
+// with 8 warps, and D224 likewise: 89 KB); D160 takes 8 warps here because
+// FA2's 128x32 with 4 spills.
 // They are the knobs to tune on the device (measurements: bench/NOTES.md);
 // after changing a row, check `-Xptxas -v` for spills (D64 128x128 spills 4
 // bytes on sm90a, outside the measured cost: it still beats 128x64 by 5-8%).
@@ -40,7 +42,7 @@
     X(128, 128, 64,  4, 2, 0)     \
     X(160, 128, 64,  8, 2, 0)     \
     X(192, 128, 64,  8, 2, 0)     \
-    X(224, 128, 64,  8, 1, 0)     \
+    X(224, 64,  64,  4, 1, 0)     \
     X(256, 64,  64,  4, 1, 0)
 
 // Opt-in dynamic shared memory per block: A100 (sm80) 163 KB, H100/H200 (sm90) 227 KB.

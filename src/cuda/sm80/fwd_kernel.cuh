@@ -17,8 +17,9 @@
 // registers by ldmatrix at the first tile); K and V stream through rings of
 // kStages tiles each in the order K0 V0 K1 V1 ..., one cp.async group per tile,
 // so V(n) loads while S(n) computes and K(n+1) while O += P V(n) does (FA2's
-// interleave) plus kStages - 1 tiles of prefetch. Shared rows are padded by 16
-// bytes (traits.h) so ldmatrix is conflict-free. Loads past the sequence or
+// interleave; with one stage also under softmax(S(n)), FA2's order: the second
+// wait comes right after the masks) plus kStages - 1 tiles of prefetch. Shared
+// rows are padded by 16 bytes (traits.h) so ldmatrix is conflict-free. Loads past the sequence or
 // past the problem's head dim are zero-filled (cp.async src-size 0). The output
 // goes through this warp's Q rows in shared memory to 16-byte global stores.
 //
@@ -307,6 +308,19 @@ __global__ void __launch_bounds__(fc_sm80_fwd_traits<D>::kThreads)
         if (p.softcap_pre != 0.0f) fc_softcap(acc_s, p.softcap_pre);
         if (p.alibi) mask.alibi(acc_s, row0, col0, slope_x);
         if (mask.template tile_partial<Bc>(m0, m0 + rows - 1, j0)) mask.apply(acc_s, row0, col0);
+
+        // V(it) has landed; every warp is past S(it), so K slot it % S is free.
+        // With one stage, waiting here, before the softmax (FA2's order), lets
+        // K(it + 1) load under the softmax as well as O += P V(it); with more
+        // stages K is already prefetched and the wait comes after the P pack
+        // (here it would hold the fp32 S live across the load: spills at D64, D128)
+        auto wait_v_load_k = [&]() {
+            fc_cp_async_wait<2 * S - 2>();
+            __syncthreads();
+            load_kv(it + S, false);
+        };
+        if constexpr (S == 1) wait_v_load_k();
+
         sm.update(acc_s, acc_o, p.score_scale_log2, it == 0);
         if (p.dropout)
             fc_dropout_apply(acc_s, p.dropout_seed, p.dropout_offset, p.dropout_threshold, bh, row0,
@@ -324,11 +338,7 @@ __global__ void __launch_bounds__(fc_sm80_fwd_traits<D>::kThreads)
                 p_frag[mt][kk][2] = fc_pack2<T>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
                 p_frag[mt][kk][3] = fc_pack2<T>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
             }
-
-        // V(it) has landed; every warp is past S(it), so K slot it % S is free
-        fc_cp_async_wait<2 * S - 2>();
-        __syncthreads();
-        load_kv(it + S, false);
+        if constexpr (S != 1) wait_v_load_k();
 
         // O += P V
 #pragma unroll
