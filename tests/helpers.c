@@ -332,3 +332,23 @@ void th_shuffle(int32_t *p, int64_t n) {
         p[j] = t;
     }
 }
+
+th_opts th_option_cycle(int i, th_windows w) {
+    th_opts o = TH_OPTS_NONE;
+    switch (i % TH_OPTION_CYCLE) {
+    case 0: break;
+    case 1: o.causal = 1; break;
+    case 2: o.wl = w.left; break;
+    case 3: o.wr = w.right; break;
+    case 4: o.wl = w.both_left; o.wr = w.both_right; break;
+    case 5: o.causal = 1; o.wl = w.causal_left; break;
+    case 6: o.softcap = 1.5f; break;
+    case 7: o.alibi = 1; break;
+    case 8: o.alibi = 2; o.causal = 1; break;
+    case 9: o.dropout = 0.17f; break;
+    case 10: o.scale = 0.3f; o.wl = 0; o.wr = 0; break;
+    case 11: o.causal = 1; o.softcap = 2.0f; o.alibi = 2; o.dropout = 0.17f; break;
+    default: o.softcap = 1.0f; o.wl = 7; o.wr = w.last_right; o.alibi = 1; break;
+    }
+    return o;
+}

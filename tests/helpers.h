@@ -117,6 +117,16 @@ typedef struct th_opts {
 
 #define TH_OPTS_NONE {0, -1, -1, 0.0f, 0, 0.0f, 0.0f}
 
+/* Window sizes of the option cycle, so short backward cases can use narrower
+ * windows than the forward's: left-only, right-only, both, causal + left, and
+ * the right side of the last (softcap + ALiBi) entry. */
+typedef struct th_windows {
+    int left, right, both_left, both_right, causal_left, last_right;
+} th_windows;
+#define TH_OPTION_CYCLE 13
+/* Entry i % TH_OPTION_CYCLE of the option set every sweep cycles through. */
+th_opts th_option_cycle(int i, th_windows w);
+
 /* params for o; the dropout seed and offset are drawn from the case's random
  * numbers (a 64-bit seed with both halves used). */
 flashc_params th_params(const th_opts *o);

@@ -316,25 +316,7 @@ static bw_case *bw_add(flashc_dtype dt, int B, int Sq, int Sk, int H, int Hk, in
     return c;
 }
 
-static th_opts bw_option(int i) {
-    th_opts o = TH_OPTS_NONE;
-    switch (i % 13) {
-    case 0: break;
-    case 1: o.causal = 1; break;
-    case 2: o.wl = 9; break;
-    case 3: o.wr = 5; break;
-    case 4: o.wl = 12; o.wr = 3; break;
-    case 5: o.causal = 1; o.wl = 10; break;
-    case 6: o.softcap = 1.5f; break;
-    case 7: o.alibi = 1; break;
-    case 8: o.alibi = 2; o.causal = 1; break;
-    case 9: o.dropout = 0.17f; break;
-    case 10: o.scale = 0.3f; o.wl = 0; o.wr = 0; break;
-    case 11: o.causal = 1; o.softcap = 2.0f; o.alibi = 2; o.dropout = 0.17f; break;
-    default: o.softcap = 1.0f; o.wl = 7; o.wr = 20; o.alibi = 1; break;
-    }
-    return o;
-}
+static th_opts bw_option(int i) { return th_option_cycle(i, (th_windows){9, 5, 12, 3, 10, 20}); }
 
 FC_TEST_REGISTER(bwd_sweep) {
     static const flashc_dtype dts[3] = {FLASHC_DTYPE_BF16, FLASHC_DTYPE_FP16, FLASHC_DTYPE_FP32};
@@ -353,7 +335,7 @@ FC_TEST_REGISTER(bwd_sweep) {
     // ---- every option under every dtype ----
     static const int odims[4] = {64, 32, 96, 128};
     for (int d = 0; d < 3; d++)
-        for (int i = 0; i < 13; i++) {
+        for (int i = 0; i < TH_OPTION_CYCLE; i++) {
             int k = d * 13 + i;
             const int *l = lens[k % 7], *g = gqa[k % 4];
             bw_add(dts[d], 2, l[0], l[1], g[0], g[1], odims[k % 4], bw_option(i));
@@ -388,7 +370,7 @@ FC_TEST_REGISTER(bwd_sweep) {
     // ---- every head dim under every option, short sequences ----
     static const int glens[3][2] = {{21, 30}, {30, 21}, {26, 26}};
     for (int i = 0; i < 12; i++)
-        for (int k = 0; k < 13; k++) {
+        for (int k = 0; k < TH_OPTION_CYCLE; k++) {
             const int *l = glens[(i + k) % 3];
             bw_add(dts[(i + 2 * k) % 3], 1, l[0], l[1], 4, 2, dims[i], bw_option(k));
         }

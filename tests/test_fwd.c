@@ -172,25 +172,7 @@ static fwd_case *fwd_add(flashc_dtype dt, int B, int Sq, int Sk, int H, int Hk, 
 static const flashc_dtype fwd_dtypes[3] = {FLASHC_DTYPE_BF16, FLASHC_DTYPE_FP16, FLASHC_DTYPE_FP32};
 
 /* The option set every sweep cycles through. */
-static th_opts fwd_option(int i) {
-    th_opts o = TH_OPTS_NONE;
-    switch (i % 13) {
-    case 0: break;
-    case 1: o.causal = 1; break;
-    case 2: o.wl = 16; break;
-    case 3: o.wr = 8; break;
-    case 4: o.wl = 32; o.wr = 5; break;
-    case 5: o.causal = 1; o.wl = 24; break;
-    case 6: o.softcap = 1.5f; break;
-    case 7: o.alibi = 1; break;
-    case 8: o.alibi = 2; o.causal = 1; break;
-    case 9: o.dropout = 0.17f; break;
-    case 10: o.scale = 0.3f; o.wl = 0; o.wr = 0; break;
-    case 11: o.causal = 1; o.softcap = 2.0f; o.alibi = 2; o.dropout = 0.17f; break;
-    default: o.softcap = 1.0f; o.wl = 7; o.wr = 40; o.alibi = 1; break;
-    }
-    return o;
-}
+static th_opts fwd_option(int i) { return th_option_cycle(i, (th_windows){16, 8, 32, 5, 24, 40}); }
 
 FC_TEST_REGISTER(fwd_sweep) {
     static const int lens[7][2] = {{113, 257}, {257, 113}, {113, 113}, {17, 257},
@@ -208,7 +190,7 @@ FC_TEST_REGISTER(fwd_sweep) {
     // ---- every option under every dtype ----
     static const int odims[4] = {64, 128, 96, 32};
     for (int d = 0; d < 3; d++)
-        for (int i = 0; i < 13; i++) {
+        for (int i = 0; i < TH_OPTION_CYCLE; i++) {
             int k = d * 13 + i;
             const int *l = lens[k % 7], *g = gqa[k % 4];
             fwd_case *c =
@@ -283,7 +265,7 @@ FC_TEST_REGISTER(fwd_sweep) {
     // ---- every head dim under every option, short sequences ----
     static const int glens[3][2] = {{33, 47}, {47, 33}, {40, 40}};
     for (int i = 0; i < 12; i++)
-        for (int k = 0; k < 13; k++) {
+        for (int k = 0; k < TH_OPTION_CYCLE; k++) {
             const int *l = glens[(i + k) % 3];
             fwd_add(fwd_dtypes[(i + 2 * k) % 3], 1, l[0], l[1], 4, 2, dims[i], fwd_option(k));
         }
