@@ -28,6 +28,20 @@ __device__ __forceinline__ float fc_quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// O rows *= alpha (rows g and g+8 of each 16-row tile: alpha[mt][0], [1]).
+template <int MT, int DT>
+__device__ __forceinline__ void fc_softmax_rescale(float (&o)[MT][DT][4], const float (&alpha)[MT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+            o[mt][dt][0] *= alpha[mt][0];
+            o[mt][dt][1] *= alpha[mt][0];
+            o[mt][dt][2] *= alpha[mt][1];
+            o[mt][dt][3] *= alpha[mt][1];
+        }
+}
+
 template <int MT>
 struct fc_softmax {
     float m[MT][2];  // running row max of x, -inf before the first visible key
@@ -43,11 +57,13 @@ struct fc_softmax {
             }
     }
 
-    // Fold one K tile: s (scores, masked ones -inf) becomes P = exp2((x - m_new) * sl2),
-    // unnormalised; o and l are rescaled by exp2((m_old - m_new) * sl2) unless first.
-    template <int NT, int DT>
-    __device__ __forceinline__ void update(float (&s)[MT][NT][4], float (&o)[MT][DT][4], float sl2,
-                                           bool first) {
+    // Fold one K tile into the running max and sum: s (scores, masked ones
+    // -inf) becomes P = exp2((x - m_new) * sl2), unnormalised, and alpha gets
+    // exp2((m_old - m_new) * sl2), the factor the caller applies to its rows of
+    // O (0 while nothing was accumulated). O is not touched here, so an sm90
+    // kernel can run this while a wgmma still writes O.
+    template <int NT>
+    __device__ __forceinline__ void step(float (&s)[MT][NT][4], float sl2, float (&alpha)[MT][2]) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -59,16 +75,8 @@ struct fc_softmax {
                 mx = fc_quad_max(mx);
                 const float m_use = mx == -INFINITY ? 0.0f : mx;
                 const float m_scaled = m_use * sl2;
-                if (!first) {
-                    // m_old = -inf gives alpha = 0: nothing was accumulated yet
-                    const float alpha = fc_exp2(m[mt][hr] * sl2 - m_scaled);
-                    l[mt][hr] *= alpha;
-#pragma unroll
-                    for (int dt = 0; dt < DT; ++dt) {
-                        o[mt][dt][2 * hr] *= alpha;
-                        o[mt][dt][2 * hr + 1] *= alpha;
-                    }
-                }
+                // m_old = -inf gives alpha = 0: nothing was accumulated yet
+                alpha[mt][hr] = fc_exp2(m[mt][hr] * sl2 - m_scaled);
                 m[mt][hr] = mx;
                 float sum = 0.0f;
 #pragma unroll
@@ -79,8 +87,17 @@ struct fc_softmax {
                         s[mt][nt][2 * hr + e] = pr;
                         sum += pr;
                     }
-                l[mt][hr] += sum;
+                l[mt][hr] = l[mt][hr] * alpha[mt][hr] + sum;
             }
+    }
+
+    // step(), then O *= alpha unless this is the first tile (O still 0).
+    template <int NT, int DT>
+    __device__ __forceinline__ void update(float (&s)[MT][NT][4], float (&o)[MT][DT][4], float sl2,
+                                           bool first) {
+        float alpha[MT][2];
+        step(s, sl2, alpha);
+        if (!first) fc_softmax_rescale(o, alpha);
     }
 
     // After the last tile: the factor that normalises row (mt, hr) of O (times

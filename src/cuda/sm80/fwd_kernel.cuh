@@ -39,34 +39,14 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <climits>
 
 #include "../common/dropout.cuh"
+#include "../common/fwd_tile.cuh"
 #include "../common/mask.cuh"
 #include "../common/ptx.cuh"
 #include "../common/softmax.cuh"
 #include "../params.h"
 #include "../traits.h"
-
-// ---- where the key rows of one sequence live (src/internal.h fc_kv_row) ----
-struct fc_kv_rows {
-    const int32_t *bt;  // this sequence's block_table row, or NULL (not paged)
-    int page_size;
-    int leftpad;        // k_leftpad[b], or 0
-    int64_t k_base;     // k_batch_idx / varlen / head offset (paged: head offset only)
-    int64_t v_base;
-
-    // Element offset of key row j of the operand with base `base` and strides.
-    __device__ __forceinline__ int64_t offset(int j, int64_t base, int64_t s_batch,
-                                              int64_t s_seq) const {
-        const int r = j + leftpad;
-        if (bt) {
-            const int page = bt[r / page_size];
-            return base + (int64_t)page * s_batch + (int64_t)(r % page_size) * s_seq;
-        }
-        return base + (int64_t)r * s_seq;
-    }
-};
 
 // ---- the kernel ----
 // grid (ceil(seqlen_q / Br), H, B), block kThreads, dynamic smem kSmemBytes.
@@ -86,63 +66,16 @@ __global__ void __launch_bounds__(fc_sm80_fwd_traits<D>::kThreads)
     // causal: the longest rows (largest m_block) start first
     const int m_block = kCausal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
 
-    // ---- this sequence ----
-    const int q_row0 = p.cu_seqlens_q ? p.cu_seqlens_q[b] : 0;
-    const int sq = p.cu_seqlens_q ? p.cu_seqlens_q[b + 1] - q_row0 : p.seqlen_q;
-    const int m0 = m_block * Br;  // first query row of the tile
-    if (m0 >= sq) return;
-    const int sk = p.seqlens_k     ? p.seqlens_k[b]
-                   : p.cu_seqlens_k ? p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]
-                                    : p.seqlen_k;
-    const int rows = min(Br, sq - m0);  // valid rows of the tile
-    const T *q = static_cast<const T *>(p.q);
-    const T *k = static_cast<const T *>(p.k);
-    const T *v = static_cast<const T *>(p.v);
-    T *o = static_cast<T *>(p.o);
-    // row r of the tile: q + q_base + r * q_s_seq (likewise o)
-    const int64_t q_base = (p.cu_seqlens_q ? 0 : (int64_t)b * p.q_s_batch) +
-                           (int64_t)(q_row0 + m0) * p.q_s_seq + (int64_t)h * p.q_s_head;
-    const int64_t o_base = (p.cu_seqlens_q ? 0 : (int64_t)b * p.o_s_batch) +
-                           (int64_t)(q_row0 + m0) * p.o_s_seq + (int64_t)h * p.o_s_head;
-    const int64_t lse_base = (int64_t)b * p.lse_s_batch + (int64_t)h * p.lse_s_head +
-                             (int64_t)(q_row0 + m0) * p.lse_s_seq;
-
-    fc_kv_rows kv;
-    {
-        const int hk = h / p.kv_group;
-        kv.bt = p.block_table ? p.block_table + (int64_t)b * p.bt_stride : nullptr;
-        kv.page_size = p.page_size;
-        kv.leftpad = p.k_leftpad ? p.k_leftpad[b] : 0;
-        int64_t k_seq = 0, v_seq = 0;
-        if (!p.block_table) {
-            if (p.cu_seqlens_k) {
-                k_seq = (int64_t)p.cu_seqlens_k[b] * p.k_s_seq;
-                v_seq = (int64_t)p.cu_seqlens_k[b] * p.v_s_seq;
-            } else {
-                const int64_t kb = p.k_batch_idx ? p.k_batch_idx[b] : b;
-                k_seq = kb * p.k_s_batch;
-                v_seq = kb * p.v_s_batch;
-            }
-        }
-        kv.k_base = k_seq + (int64_t)hk * p.k_s_head;
-        kv.v_base = v_seq + (int64_t)hk * p.v_s_head;
-    }
-
-    // ---- the key tiles this block sees ----
-    const fc_mask<kCausal> mask(sq, sk, p.window_left, p.window_right);
+    // ---- this sequence and the key tiles the block sees ----
+    fc_fwd_seq seq;
     int n_lo, n_hi;
-    if (!mask.template tiles<Bc>(m0, m0 + rows - 1, &n_lo, &n_hi)) {
-        // no row sees a key: out = 0, lse = -inf
-        for (int idx = tid; idx < Br * CH; idx += NTH) {
-            const int r = idx / CH, ch = idx % CH;
-            if (r < rows && ch * 8 < p.head_dim)
-                *reinterpret_cast<uint4 *>(o + o_base + (int64_t)r * p.o_s_seq + ch * 8) =
-                    make_uint4(0u, 0u, 0u, 0u);
-        }
-        if (p.lse)
-            for (int r = tid; r < rows; r += NTH) p.lse[lse_base + (int64_t)r * p.lse_s_seq] = -INFINITY;
+    if (!fc_fwd_tile_begin<T, kCausal, Br, Bc, CH, NTH>(p, b, h, m_block, tid, &seq, &n_lo, &n_hi))
         return;
-    }
+    const int m0 = seq.m0, rows = seq.rows;
+    const fc_mask<kCausal> mask(seq.sq, seq.sk, p.window_left, p.window_right);
+    const T *q = static_cast<const T *>(p.q);
+    T *o = static_cast<T *>(p.o);
+
     const int n_tiles = n_hi - n_lo;
 
     // ---- shared memory: Q [Br][pitch], K [S][Bc][pitch], V [S][Bc][pitch] ----
@@ -151,57 +84,19 @@ __global__ void __launch_bounds__(fc_sm80_fwd_traits<D>::kThreads)
     const uint32_t sV = sK + S * TILE;
 
     // ---- global -> shared loads (one cp.async group each) ----
-    // Thread tid copies chunk ld_ch (16 bytes) of rows ld_row + c * RPP. Chunks
-    // past the problem's head dim are zero-filled; with a padded D, ld_ch may
-    // be past the instance's row too (then the thread has nothing to copy).
-    constexpr int TPR = Tr::kLoadTPR, RPP = Tr::kLoadRPP;
-    const int ld_ch = tid % TPR, ld_row = tid / TPR;
-    const bool ld_in_row = TPR == CH || ld_ch < CH;
-    const bool ld_in_dim = ld_ch * 8 < p.head_dim;
-    // row ld_row + c * RPP of a tile starting at row j0 is copied iff j0 + c * RPP < limit
-    const int q_lim = ld_in_dim ? rows - ld_row : INT_MIN;
-    const int kv_lim = ld_in_dim ? sk - ld_row : INT_MIN;
-    const uint32_t ld_dst = ld_row * RB + ld_ch * 16;  // smem offset of the first chunk
-    auto load_q = [&]() {
-        if (!ld_in_row) return;
-        const T *src = q + q_base + (int64_t)ld_row * p.q_s_seq + ld_ch * 8;
-        const int64_t step = (int64_t)RPP * p.q_s_seq;
-#pragma unroll
-        for (int c = 0; c < Br / RPP; ++c, src += step) {
-            const bool ok = c * RPP < q_lim;
-            fc_cp_async_16(sQ + ld_dst + c * RPP * RB, ok ? src : q, ok);
-        }
-    };
+    // Padded rows: the thread's first chunk at row * RB + ch * 16, RPP rows a pass.
+    using Ld = fc_tile_loader<T, NTH, CH>;
+    const Ld ld(tid, p.head_dim, rows, seq.sk);
+    const uint32_t ld_dst = ld.row * RB + ld.ch * 16;
+    constexpr uint32_t LD_STEP = Ld::RPP * RB;
     // K or V of iteration `it` (key tile n_hi - 1 - it) into ring slot it % S;
     // past the last tile it commits an empty group, so the group count per
     // iteration stays fixed.
     auto load_kv = [&](int it, bool is_v) {
-        if (it < n_tiles && ld_in_row) {
+        if (it < n_tiles) {
             const int j0 = (n_hi - 1 - it) * Bc;
             const uint32_t dst = (is_v ? sV : sK) + (it % S) * TILE + ld_dst;
-            const T *base = is_v ? v : k;
-            const int64_t op_base = (is_v ? kv.v_base : kv.k_base) + ld_ch * 8;
-            const int64_t s_seq = is_v ? p.v_s_seq : p.k_s_seq;
-            if (!kv.bt) {
-                // contiguous rows: one pointer, stepped by RPP rows
-                const T *src = base + op_base + (int64_t)(j0 + kv.leftpad + ld_row) * s_seq;
-                const int64_t step = (int64_t)RPP * s_seq;
-#pragma unroll
-                for (int c = 0; c < Bc / RPP; ++c, src += step) {
-                    const bool ok = j0 + c * RPP < kv_lim;
-                    fc_cp_async_16(dst + c * RPP * RB, ok ? src : base, ok);
-                }
-            } else {
-                // paged: every row looks up its page (any page size)
-                const int64_t s_batch = is_v ? p.v_s_batch : p.k_s_batch;
-#pragma unroll
-                for (int c = 0; c < Bc / RPP; ++c) {
-                    const bool ok = j0 + c * RPP < kv_lim;
-                    const int j = j0 + ld_row + c * RPP;
-                    const T *src = ok ? base + kv.offset(j, op_base, s_batch, s_seq) : base;
-                    fc_cp_async_16(dst + c * RPP * RB, src, ok);
-                }
-            }
+            fc_load_kv_tile<Ld, Bc, T>(ld, dst, LD_STEP, is_v, p, seq, j0);
         }
         fc_cp_async_commit();
     };
@@ -216,7 +111,7 @@ __global__ void __launch_bounds__(fc_sm80_fwd_traits<D>::kThreads)
     const uint32_t k_lds = sK + ((lane & 7) + ((lane >> 4) << 3)) * RB + ((lane >> 3) & 1) * 16;
 
     // ---- prologue: Q + K(0), then V(s), K(s+1) for the other stages ----
-    load_q();
+    ld.template load_q<Br>(sQ + ld_dst, LD_STEP, q, seq.q_base, p.q_s_seq);
     load_kv(0, false);
 #pragma unroll
     for (int s = 0; s + 1 < S; ++s) {
@@ -370,14 +265,14 @@ __global__ void __launch_bounds__(fc_sm80_fwd_traits<D>::kThreads)
             for (int dt = 0; dt < DT; ++dt)
                 fc_st_shared_b32(dst + dt * 16, fc_pack2<T>(acc_o[mt][dt][2 * hr] * inv,
                                                             acc_o[mt][dt][2 * hr + 1] * inv));
-            if (p.lse && t == 0 && r < rows) p.lse[lse_base + (int64_t)r * p.lse_s_seq] = lse;
+            if (p.lse && t == 0 && r < rows) p.lse[seq.lse_base + (int64_t)r * p.lse_s_seq] = lse;
         }
     __syncwarp();
 #pragma unroll
     for (int c = 0; c < RW * CH / 32; ++c) {
         const int idx = lane + 32 * c, r = wrow + idx / CH, ch = idx % CH;
         if (r < rows && ch * 8 < p.head_dim)
-            fc_st_global_v4(o + o_base + (int64_t)r * p.o_s_seq + ch * 8,
+            fc_st_global_v4(o + seq.o_base + (int64_t)r * p.o_s_seq + ch * 8,
                             fc_ld_shared_v4(sQ + r * RB + ch * 16));
     }
 }
@@ -388,21 +283,9 @@ __global__ void __launch_bounds__(fc_sm80_fwd_traits<D>::kThreads)
 template <int D, typename T, bool kCausal>
 cudaError_t sm80_fwd_launch(const fc_cuda_fwd_params &p, dim3 grid, cudaStream_t stream) {
     using Tr = fc_sm80_fwd_traits<D>;
-    static std::atomic<uint64_t> smem_set{0};  // bit d: attribute set on device d
-    if (Tr::kSmemBytes > 48 * 1024) {
-        int dev = 0;
-        cudaError_t e = cudaGetDevice(&dev);
-        if (e != cudaSuccess) return e;
-        const uint64_t bit = dev < 64 ? 1ull << dev : 0;
-        if (!(smem_set.load(std::memory_order_relaxed) & bit)) {
-            e = cudaFuncSetAttribute(sm80_fwd_kernel<D, T, kCausal>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
-            if (e != cudaSuccess) return e;
-            smem_set.fetch_or(bit, std::memory_order_relaxed);
-        }
-    }
-    sm80_fwd_kernel<D, T, kCausal><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
-    return cudaGetLastError();
+    static std::atomic<uint64_t> smem_set{0};  // bit d: the limit is raised on device d
+    return fc_fwd_launch_kernel(sm80_fwd_kernel<D, T, kCausal>, &smem_set, Tr::kSmemBytes,
+                                Tr::kThreads, grid, stream, p);
 }
 
 #endif  // FLASHC_CUDA_SM80_FWD_KERNEL_CUH

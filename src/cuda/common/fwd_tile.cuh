@@ -1,0 +1,249 @@
+// fwd_tile.cuh : what every forward kernel does around its math: find the
+// query tile's sequence and the rows it reads and writes, copy tiles of Q, K
+// and V from global to shared memory, and write the output of a tile whose
+// rows see no key.
+//
+//   fc_kv_rows      where key row j of a sequence lives (contiguous, varlen,
+//                   paged through block_table with any page size, leftpad,
+//                   cache_batch_idx): src/internal.h fc_kv_row
+//   fc_fwd_seq      the sequence of (batch b, head h, query tile m0) and its
+//                   row bases
+//   fc_tile_loader  cp.async 16-byte copies, one chunk column per thread; the
+//                   kernel gives the shared address of the thread's first chunk
+//                   and the step between its rows, so any shared layout works
+//                   (sm80: padded rows; sm90: the 128B swizzle of wgmma.cuh)
+//   fc_fwd_store_empty  out = 0 and lse = -inf for a tile with no visible key
+//   fc_fwd_tile_begin  the above, for the first lines of a kernel
+//   fc_fwd_launch_kernel  the host side of a launch (shared memory limit once)
+#ifndef FLASHC_CUDA_FWD_TILE_CUH
+#define FLASHC_CUDA_FWD_TILE_CUH
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <climits>
+#include <math.h>
+
+#include "../params.h"
+#include "mask.cuh"
+#include "ptx.cuh"
+
+// ---- where the key rows of one sequence live ----
+struct fc_kv_rows {
+    const int32_t *bt;  // this sequence's block_table row, or NULL (not paged)
+    int page_size;
+    int leftpad;        // k_leftpad[b], or 0
+    int64_t k_base;     // k_batch_idx / varlen / head offset (paged: head offset only)
+    int64_t v_base;
+
+    // Element offset of key row j of the operand with base `base` and strides.
+    __device__ __forceinline__ int64_t offset(int j, int64_t base, int64_t s_batch,
+                                              int64_t s_seq) const {
+        const int r = j + leftpad;
+        if (bt) {
+            const int page = bt[r / page_size];
+            return base + (int64_t)page * s_batch + (int64_t)(r % page_size) * s_seq;
+        }
+        return base + (int64_t)r * s_seq;
+    }
+};
+
+// ---- the sequence of one query tile ----
+struct fc_fwd_seq {
+    int sq, sk;        // query and key lengths of sequence b
+    int m0;            // first query row of the tile (in the sequence)
+    int rows;          // valid rows of the tile, min(Br, sq - m0)
+    int64_t q_base;    // tile row r: q + q_base + r * q_s_seq (likewise o)
+    int64_t o_base;
+    int64_t lse_base;  // tile row r: lse + lse_base + r * lse_s_seq
+    fc_kv_rows kv;
+
+    // False when the tile starting at query row m0 lies past sequence b's end.
+    __device__ __forceinline__ bool init(const fc_cuda_fwd_params &p, int b, int h, int m0_,
+                                         int Br) {
+        const int q_row0 = p.cu_seqlens_q ? p.cu_seqlens_q[b] : 0;
+        sq = p.cu_seqlens_q ? p.cu_seqlens_q[b + 1] - q_row0 : p.seqlen_q;
+        m0 = m0_;
+        if (m0 >= sq) return false;
+        sk = p.seqlens_k      ? p.seqlens_k[b]
+             : p.cu_seqlens_k ? p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]
+                              : p.seqlen_k;
+        rows = min(Br, sq - m0);
+        q_base = (p.cu_seqlens_q ? 0 : (int64_t)b * p.q_s_batch) +
+                 (int64_t)(q_row0 + m0) * p.q_s_seq + (int64_t)h * p.q_s_head;
+        o_base = (p.cu_seqlens_q ? 0 : (int64_t)b * p.o_s_batch) +
+                 (int64_t)(q_row0 + m0) * p.o_s_seq + (int64_t)h * p.o_s_head;
+        lse_base = (int64_t)b * p.lse_s_batch + (int64_t)h * p.lse_s_head +
+                   (int64_t)(q_row0 + m0) * p.lse_s_seq;
+
+        const int hk = h / p.kv_group;
+        kv.bt = p.block_table ? p.block_table + (int64_t)b * p.bt_stride : nullptr;
+        kv.page_size = p.page_size;
+        kv.leftpad = p.k_leftpad ? p.k_leftpad[b] : 0;
+        int64_t k_seq = 0, v_seq = 0;
+        if (!p.block_table) {
+            if (p.cu_seqlens_k) {
+                k_seq = (int64_t)p.cu_seqlens_k[b] * p.k_s_seq;
+                v_seq = (int64_t)p.cu_seqlens_k[b] * p.v_s_seq;
+            } else {
+                const int64_t kb = p.k_batch_idx ? p.k_batch_idx[b] : b;
+                k_seq = kb * p.k_s_batch;
+                v_seq = kb * p.v_s_batch;
+            }
+        }
+        kv.k_base = k_seq + (int64_t)hk * p.k_s_head;
+        kv.v_base = v_seq + (int64_t)hk * p.v_s_head;
+        return true;
+    }
+};
+
+// ---- global -> shared tile copies ----
+// Thread tid copies 16-byte chunk ch = tid % TPR of tile rows row + c * RPP
+// (row = tid / TPR, c = 0, 1, ... while the row is below ROWS; the last pass
+// may be partial when RPP does not divide ROWS) to shared address dst + c * step.
+// Chunks past the problem's head dim and rows past the valid ones are
+// zero-filled (cp.async src-size 0); a thread whose chunk is past the
+// instance's row (TPR > CH, a padded D) copies nothing. The caller commits.
+template <typename T, int NTH, int CH>
+struct fc_tile_loader {
+    static constexpr int TPR = CH <= 4 ? 4 : CH <= 8 ? 8 : CH <= 16 ? 16 : 32;  // threads per row
+    static constexpr int RPP = NTH / TPR;  // rows per pass of the CTA
+    static_assert(NTH % TPR == 0, "the CTA must cover whole rows");
+
+    // Passes over a tile of ROWS rows; the last one is partial when RPP does not divide ROWS.
+    template <int ROWS>
+    __host__ __device__ static constexpr int passes() { return (ROWS + RPP - 1) / RPP; }
+    template <int ROWS>
+    __device__ __forceinline__ bool in_tile(int c) const {
+        return ROWS % RPP == 0 || c + 1 < passes<ROWS>() || row + c * RPP < ROWS;
+    }
+
+    int ch, row;
+    bool active;        // the chunk is inside the instance's row
+    int q_lim, kv_lim;  // row + c * RPP of a tile at j0 is copied iff j0 + c * RPP < lim
+
+    __device__ __forceinline__ fc_tile_loader(int tid, int head_dim, int q_rows, int sk) {
+        ch = tid % TPR;
+        row = tid / TPR;
+        active = TPR == CH || ch < CH;
+        const bool in_dim = ch * 8 < head_dim;
+        q_lim = in_dim ? q_rows - row : INT_MIN;
+        kv_lim = in_dim ? sk - row : INT_MIN;
+    }
+
+    // The query tile: row r at q + q_base + r * s_seq.
+    template <int ROWS>
+    __device__ __forceinline__ void load_q(uint32_t dst, uint32_t step, const T *q, int64_t q_base,
+                                           int64_t s_seq) const {
+        if (!active) return;
+        const T *src = q + q_base + (int64_t)row * s_seq + ch * 8;
+        const int64_t jump = (int64_t)RPP * s_seq;
+#pragma unroll
+        for (int c = 0; c < passes<ROWS>(); ++c, src += jump) {
+            if (!in_tile<ROWS>(c)) break;
+            const bool ok = c * RPP < q_lim;
+            fc_cp_async_16(dst + c * step, ok ? src : q, ok);
+        }
+    }
+
+    // Key (or value) rows j0 .. j0 + ROWS - 1 of operand `base` (kv.offset).
+    template <int ROWS>
+    __device__ __forceinline__ void load_kv(uint32_t dst, uint32_t step, const T *base,
+                                            int64_t op_base, int64_t s_batch, int64_t s_seq,
+                                            int j0, const fc_kv_rows &kv) const {
+        if (!active) return;
+        op_base += ch * 8;
+        if (!kv.bt) {
+            // contiguous rows: one pointer, stepped by RPP rows
+            const T *src = base + op_base + (int64_t)(j0 + kv.leftpad + row) * s_seq;
+            const int64_t jump = (int64_t)RPP * s_seq;
+#pragma unroll
+            for (int c = 0; c < passes<ROWS>(); ++c, src += jump) {
+                if (!in_tile<ROWS>(c)) break;
+                const bool ok = j0 + c * RPP < kv_lim;
+                fc_cp_async_16(dst + c * step, ok ? src : base, ok);
+            }
+        } else {
+            // paged: every row looks up its page (any page size)
+#pragma unroll
+            for (int c = 0; c < passes<ROWS>(); ++c) {
+                if (!in_tile<ROWS>(c)) break;
+                const bool ok = j0 + c * RPP < kv_lim;
+                const int j = j0 + row + c * RPP;
+                const T *src = ok ? base + kv.offset(j, op_base, s_batch, s_seq) : base;
+                fc_cp_async_16(dst + c * step, src, ok);
+            }
+        }
+    }
+};
+
+// Key rows j0 .. j0 + ROWS - 1 of K (is_v false) or V of the tile's sequence.
+template <typename Ld, int ROWS, typename T>
+__device__ __forceinline__ void fc_load_kv_tile(const Ld &ld, uint32_t dst, uint32_t step, bool is_v,
+                                                const fc_cuda_fwd_params &p, const fc_fwd_seq &seq,
+                                                int j0) {
+    if (is_v)
+        ld.template load_kv<ROWS>(dst, step, static_cast<const T *>(p.v), seq.kv.v_base,
+                                  p.v_s_batch, p.v_s_seq, j0, seq.kv);
+    else
+        ld.template load_kv<ROWS>(dst, step, static_cast<const T *>(p.k), seq.kv.k_base,
+                                  p.k_s_batch, p.k_s_seq, j0, seq.kv);
+}
+
+// ---- launching a forward kernel ----
+// Raise `kernel`'s dynamic shared memory limit to `smem` once per device (bit
+// d of *smem_set), then launch it on `stream`. Returns the launch's
+// cudaError_t; never synchronises.
+template <typename Kernel>
+cudaError_t fc_fwd_launch_kernel(Kernel kernel, std::atomic<uint64_t> *smem_set, int smem,
+                                 int threads, dim3 grid, cudaStream_t stream,
+                                 const fc_cuda_fwd_params &p) {
+    if (smem > 48 * 1024) {
+        int dev = 0;
+        cudaError_t e = cudaGetDevice(&dev);
+        if (e != cudaSuccess) return e;
+        const uint64_t bit = dev < 64 ? 1ull << dev : 0;
+        if (!(smem_set->load(std::memory_order_relaxed) & bit)) {
+            e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+            if (e != cudaSuccess) return e;
+            smem_set->fetch_or(bit, std::memory_order_relaxed);
+        }
+    }
+    kernel<<<grid, threads, smem, stream>>>(p);
+    return cudaGetLastError();
+}
+
+// ---- a tile whose rows see no key: out = 0, lse = -inf ----
+template <typename T, int CH, int BR, int NTH>
+__device__ __forceinline__ void fc_fwd_store_empty(const fc_cuda_fwd_params &p,
+                                                   const fc_fwd_seq &seq, int tid) {
+    T *o = static_cast<T *>(p.o);
+    for (int idx = tid; idx < BR * CH; idx += NTH) {
+        const int r = idx / CH, ch = idx % CH;
+        if (r < seq.rows && ch * 8 < p.head_dim)
+            *reinterpret_cast<uint4 *>(o + seq.o_base + (int64_t)r * p.o_s_seq + ch * 8) =
+                make_uint4(0u, 0u, 0u, 0u);
+    }
+    if (p.lse)
+        for (int r = tid; r < seq.rows; r += NTH)
+            p.lse[seq.lse_base + (int64_t)r * p.lse_s_seq] = -INFINITY;
+}
+
+// ---- the start of every forward kernel ----
+// The sequence of query tile m_block of (b, h) and the key tiles [*n_lo, *n_hi)
+// its rows may see. False when there is nothing more to do: the tile lies past
+// its sequence, or no row sees a key (then out = 0 and lse = -inf are written).
+template <typename T, bool kCausal, int BR, int BC, int CH, int NTH>
+__device__ __forceinline__ bool fc_fwd_tile_begin(const fc_cuda_fwd_params &p, int b, int h,
+                                                  int m_block, int tid, fc_fwd_seq *seq, int *n_lo,
+                                                  int *n_hi) {
+    if (!seq->init(p, b, h, m_block * BR, BR)) return false;
+    const fc_mask<kCausal> mask(seq->sq, seq->sk, p.window_left, p.window_right);
+    if (!mask.template tiles<BC>(seq->m0, seq->m0 + seq->rows - 1, n_lo, n_hi)) {
+        fc_fwd_store_empty<T, CH, BR, NTH>(p, *seq, tid);
+        return false;
+    }
+    return true;
+}
+
+#endif  // FLASHC_CUDA_FWD_TILE_CUH
