@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
-"""gen_instances.py : write the CUDA kernel instances and their dispatch list.
+"""gen_instances.py : write the CUDA kernel instances and their dispatch lists.
 
-The head dims come from the one tuning table, FC_SM80_FWD_TILES in
-src/cuda/traits.h, so adding a row there and re-running this script is all a new
-head dim needs. For each head dim D and dtype it writes
+The head dims come from the one tuning table, src/cuda/traits.h: its
+FC_SM80_FWD_TILES rows for the sm80 family and FC_SM90_FWD_TILES rows for the
+sm90 family, so adding a row there and re-running this script is all a new head
+dim needs. For each family F, head dim D and dtype it writes
 
-    src/cuda/sm80/inst/fwd_d{D}_{bf16,fp16}.cu   the explicit instantiations of
-                                                sm80_fwd_launch<D, T, causal>
-                                                for causal = false, true
-    src/cuda/sm80/inst/instances.h              their extern declarations and
-                                                FC_SM80_FWD_HEADDIMS(X), the list
-                                                launch.cu's switch is built from
+    src/cuda/F/inst/fwd_d{D}_{bf16,fp16}.cu   the explicit instantiations of
+                                             F_fwd_launch<D, T, causal>
+                                             for causal = false, true
+    src/cuda/F/inst/instances.h              their extern declarations and
+                                             FC_F_FWD_HEADDIMS(X), the list
+                                             launch.cu's switch is built from
 
 Every output starts "generated; do not edit". Run from anywhere:
     python3 tools/gen_instances.py
@@ -21,49 +22,52 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TRAITS = ROOT / "src" / "cuda" / "traits.h"
-INST = ROOT / "src" / "cuda" / "sm80" / "inst"
+FAMILIES = ["sm80", "sm90"]
 DTYPES = [("bf16", "__nv_bfloat16"), ("fp16", "__half")]
 HEADER = "// generated; do not edit. Written by tools/gen_instances.py from src/cuda/traits.h.\n"
 LAUNCH_ARGS = "const fc_cuda_fwd_params &, dim3, cudaStream_t"
 
 
-def head_dims():
+def head_dims(fam):
     text = TRAITS.read_text()
-    m = re.search(r"#define FC_SM80_FWD_TILES\(X\)(.*?)\n\n", text, re.S)
+    table = f"FC_{fam.upper()}_FWD_TILES"
+    m = re.search(rf"#define {table}\(X\)(.*?)\n(\n|#endif)", text, re.S)
     if not m:
-        sys.exit(f"{TRAITS}: FC_SM80_FWD_TILES(X) not found")
+        sys.exit(f"{TRAITS}: {table}(X) not found")
     dims = [int(d) for d in re.findall(r"X\(\s*(\d+)\s*,", m.group(1))]
     if not dims or dims != sorted(set(dims)):
         sys.exit(f"{TRAITS}: head dims must be listed once each, ascending: {dims}")
     return dims
 
 
-def instance_file(d, ty):
+def instance_file(fam, d, ty):
     lines = [HEADER, '#include "../fwd_kernel.cuh"\n', "\n"]
     for causal in ("false", "true"):
-        lines.append(f"template cudaError_t sm80_fwd_launch<{d}, {ty}, {causal}>({LAUNCH_ARGS});\n")
+        lines.append(f"template cudaError_t {fam}_fwd_launch<{d}, {ty}, {causal}>({LAUNCH_ARGS});\n")
     return "".join(lines)
 
 
-def instances_h(dims):
+def instances_h(fam, dims):
+    F = fam.upper()
     out = [HEADER,
-           "// The sm80 forward instances that exist, for launch.cu. A build trimmed with\n",
-           "// FLASHC_CUDA_HEADDIMS defines FC_SM80_HD_<D>=0 for the head dims it leaves out.\n",
-           "#ifndef FLASHC_CUDA_SM80_INSTANCES_H\n#define FLASHC_CUDA_SM80_INSTANCES_H\n\n",
+           f"// The {fam} forward instances that exist, for launch.cu. A build trimmed with\n",
+           f"// FLASHC_CUDA_HEADDIMS (or without the family's arch) defines FC_{F}_HD_<D>=0\n",
+           "// for the head dims it leaves out.\n",
+           f"#ifndef FLASHC_CUDA_{F}_INSTANCES_H\n#define FLASHC_CUDA_{F}_INSTANCES_H\n\n",
            "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cuda_runtime.h>\n\n",
            '#include "../../params.h"\n\n',
            "template <int D, typename T, bool kCausal>\n",
-           "cudaError_t sm80_fwd_launch(const fc_cuda_fwd_params &p, dim3 grid, cudaStream_t stream);\n\n"]
+           f"cudaError_t {fam}_fwd_launch(const fc_cuda_fwd_params &p, dim3 grid, cudaStream_t stream);\n\n"]
     for d in dims:
-        out.append(f"#ifndef FC_SM80_HD_{d}\n#define FC_SM80_HD_{d} 1\n#endif\n")
-        out.append(f"#if FC_SM80_HD_{d}\n#define FC_SM80_FWD_HD_{d}_(X) X({d})\n")
+        out.append(f"#ifndef FC_{F}_HD_{d}\n#define FC_{F}_HD_{d} 1\n#endif\n")
+        out.append(f"#if FC_{F}_HD_{d}\n#define FC_{F}_FWD_HD_{d}_(X) X({d})\n")
         for _, ty in DTYPES:
             for causal in ("false", "true"):
-                out.append(f"extern template cudaError_t sm80_fwd_launch<{d}, {ty}, {causal}>({LAUNCH_ARGS});\n")
-        out.append(f"#else\n#define FC_SM80_FWD_HD_{d}_(X)\n#endif\n\n")
+                out.append(f"extern template cudaError_t {fam}_fwd_launch<{d}, {ty}, {causal}>({LAUNCH_ARGS});\n")
+        out.append(f"#else\n#define FC_{F}_FWD_HD_{d}_(X)\n#endif\n\n")
     out.append("// X(D) for every compiled head dim, ascending\n")
-    out.append("#define FC_SM80_FWD_HEADDIMS(X) " + " ".join(f"FC_SM80_FWD_HD_{d}_(X)" for d in dims) + "\n\n")
-    out.append("#endif  // FLASHC_CUDA_SM80_INSTANCES_H\n")
+    out.append(f"#define FC_{F}_FWD_HEADDIMS(X) " + " ".join(f"FC_{F}_FWD_HD_{d}_(X)" for d in dims) + "\n\n")
+    out.append(f"#endif  // FLASHC_CUDA_{F}_INSTANCES_H\n")
     return "".join(out)
 
 
@@ -74,19 +78,21 @@ def write(path, text):
 
 
 def main():
-    dims = head_dims()
-    INST.mkdir(parents=True, exist_ok=True)
-    want = set()
-    for d in dims:
-        for name, ty in DTYPES:
-            path = INST / f"fwd_d{d}_{name}.cu"
-            want.add(path.name)
-            write(path, instance_file(d, ty))
-    write(INST / "instances.h", instances_h(dims))
-    for stale in INST.glob("fwd_d*.cu"):
-        if stale.name not in want:
-            stale.unlink()
-            print(f"removed {stale.relative_to(ROOT)}")
+    for fam in FAMILIES:
+        dims = head_dims(fam)
+        inst = ROOT / "src" / "cuda" / fam / "inst"
+        inst.mkdir(parents=True, exist_ok=True)
+        want = set()
+        for d in dims:
+            for name, ty in DTYPES:
+                path = inst / f"fwd_d{d}_{name}.cu"
+                want.add(path.name)
+                write(path, instance_file(fam, d, ty))
+        write(inst / "instances.h", instances_h(fam, dims))
+        for stale in inst.glob("fwd_d*.cu"):
+            if stale.name not in want:
+                stale.unlink()
+                print(f"removed {stale.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@
 //
 //   fc_cuda_fwd(a)  fc_attn (api.c's validated problem) -> fc_cuda_fwd_params
 //                   (params.h: host-derived constants such as score_scale * log2 e),
-//                   head dim rounded up to a compiled instance (zero-padded),
-//                   one switch over the generated list of head dims
-//                   (sm80/inst/instances.h), grid from the tuning table
+//                   the kernel family for the device, head dim rounded up to a
+//                   compiled instance of it (zero-padded), one switch over the
+//                   family's generated list of head dims (sm80/inst/instances.h,
+//                   sm90/inst/instances.h), grid from the tuning table
 //                   (traits.h), launch on a->stream, cudaGetLastError.
 //   fc_cuda_fwd_supported(a)  the same checks, nothing launched.
 //   fc_cuda_fwd_workspace(a)  bytes for the repacked operands (common/repack.cuh):
@@ -13,8 +14,10 @@
 //                   that is not a multiple of 8 elements, or (all four) when D
 //                   is not a multiple of 8; 0 when every operand is read in place.
 //
-// The sm80 family (FA2 algorithm, sm80/fwd_kernel.cuh) serves every device of
-// compute capability >= 8.0, Hopper included, until the sm90 family lands.
+// Families: sm90 (wgmma, sm90/fwd_kernel.cuh) on devices of compute capability
+// 9.0 when the build has sm_90a code, for head dims above 32; sm80 (mma.sync,
+// sm80/fwd_kernel.cuh) everywhere else (>= 8.0). FLASHC_CUDA_FAMILY=sm80 in the
+// environment forces sm80 on Hopper too (tests and benchmarks of both).
 // Nothing here synchronises, allocates, or reads device memory: every pointer
 // in fc_attn (tensors, cu_seqlens, seqused_k, block_table, ...) is a device
 // pointer on this path, and api.c must not have read their contents.
@@ -25,11 +28,14 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "backend.h"
 #include "common/repack.cuh"
 #include "params.h"
 #include "sm80/inst/instances.h"
+#include "sm90/inst/instances.h"
 #include "traits.h"
 
 // ---- errors ----
@@ -88,17 +94,23 @@ static fc_cuda_pack_plan fc_cuda_pack_layout(const fc_attn *a) {
 }
 
 // ---- the instances ----
-// Smallest compiled head dim >= d, or 0.
-static int fc_sm80_fwd_dim(int64_t d) {
+enum { FC_FAMILY_SM80 = 80, FC_FAMILY_SM90 = 90 };
+
+// Smallest compiled head dim >= d of the family, or 0.
+static int fc_fwd_dim(int family, int64_t d) {
 #define FC_DIM_(D) \
     if (d <= D) return D;
-    FC_SM80_FWD_HEADDIMS(FC_DIM_)
+    if (family == FC_FAMILY_SM90) {
+        FC_SM90_FWD_HEADDIMS(FC_DIM_)
+    } else {
+        FC_SM80_FWD_HEADDIMS(FC_DIM_)
+    }
 #undef FC_DIM_
     return 0;
 }
 
-// Largest compiled head dim.
-static int fc_sm80_fwd_max_dim(void) {
+// Largest compiled head dim (of the sm80 family, which has them all).
+static int fc_fwd_max_dim(void) {
     int m = 0;
 #define FC_MAX_(D) m = D;
     FC_SM80_FWD_HEADDIMS(FC_MAX_)
@@ -106,31 +118,44 @@ static int fc_sm80_fwd_max_dim(void) {
     return m;
 }
 
+// Shared memory of the family's instance for head dim `dim` (0 if none).
+static int fc_fwd_smem(int family, int dim) {
+#define FC_SMEM80_(D) \
+    if (family == FC_FAMILY_SM80 && dim == D) return fc_sm80_fwd_traits<D>::kSmemBytes;
+#define FC_SMEM90_(D) \
+    if (family == FC_FAMILY_SM90 && dim == D) return fc_sm90_fwd_traits<D>::kSmemBytes;
+    FC_SM80_FWD_HEADDIMS(FC_SMEM80_)
+    FC_SM90_FWD_HEADDIMS(FC_SMEM90_)
+#undef FC_SMEM80_
+#undef FC_SMEM90_
+    return 0;
+}
+
+static dim3 fc_fwd_grid(const fc_cuda_fwd_params &p, int br) {
+    return dim3((unsigned)((p.seqlen_q + br - 1) / br), (unsigned)p.heads, (unsigned)p.batch);
+}
+
 template <int D, typename T>
 static cudaError_t fc_sm80_fwd_run(const fc_cuda_fwd_params &p, bool causal,
                                    cudaStream_t stream) {
-    using Tr = fc_sm80_fwd_traits<D>;
-    const dim3 grid((unsigned)((p.seqlen_q + Tr::kBr - 1) / Tr::kBr), (unsigned)p.heads,
-                    (unsigned)p.batch);
+    const dim3 grid = fc_fwd_grid(p, fc_sm80_fwd_traits<D>::kBr);
     return causal ? sm80_fwd_launch<D, T, true>(p, grid, stream)
                   : sm80_fwd_launch<D, T, false>(p, grid, stream);
 }
 
-// Shared memory of the instance for head dim `dim` (0 if none).
-static int fc_sm80_fwd_smem(int dim) {
-    switch (dim) {
-#define FC_SMEM_(D) \
-    case D: return fc_sm80_fwd_traits<D>::kSmemBytes;
-        FC_SM80_FWD_HEADDIMS(FC_SMEM_)
-#undef FC_SMEM_
-    default: return 0;
-    }
+template <int D, typename T>
+static cudaError_t fc_sm90_fwd_run(const fc_cuda_fwd_params &p, bool causal,
+                                   cudaStream_t stream) {
+    const dim3 grid = fc_fwd_grid(p, fc_sm90_fwd_traits<D>::kBr);
+    return causal ? sm90_fwd_launch<D, T, true>(p, grid, stream)
+                  : sm90_fwd_launch<D, T, false>(p, grid, stream);
 }
 
 // ---- the forward ----
 // What fc_cuda_fwd will run: the instance and whether there is work at all.
 typedef struct {
-    int dim;     // compiled head dim (>= head_dim, zero-padded)
+    int family;  // FC_FAMILY_SM80 or FC_FAMILY_SM90
+    int dim;     // compiled head dim of the family (>= head_dim, zero-padded)
     bool causal; // the kCausal instance (right window edge on the diagonal)
     bool empty;  // nothing to compute (no batch, head or query row)
 } fc_cuda_fwd_plan;
@@ -145,11 +170,11 @@ static flashc_status fc_cuda_fwd_check(const fc_attn *a, fc_cuda_fwd_plan *plan)
     if (a->probs)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "attn_probs is not supported by the CUDA backend (use the CPU)");
-    plan->dim = fc_sm80_fwd_dim((a->head_dim + 7) / 8 * 8);
-    if (plan->dim == 0)
+    const int64_t d8 = (a->head_dim + 7) / 8 * 8;
+    if (fc_fwd_dim(FC_FAMILY_SM80, d8) == 0)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "head_dim=%lld but this CUDA build supports up to %d",
-                            (long long)a->head_dim, fc_sm80_fwd_max_dim());
+                            (long long)a->head_dim, fc_fwd_max_dim());
     const int64_t kMaxLen = (int64_t)1 << 30;  // keeps the kernels' int row arithmetic exact
     if (a->max_seqlen_q >= kMaxLen || a->max_seqlen_k >= kMaxLen)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
@@ -163,15 +188,22 @@ static flashc_status fc_cuda_fwd_check(const fc_attn *a, fc_cuda_fwd_plan *plan)
     plan->causal = a->window_right == 0;
     plan->empty = a->batch == 0 || a->heads == 0 || a->max_seqlen_q == 0;
 
-    int dev = 0, major = 0, smem_optin = 0;
+    int dev = 0, major = 0, minor = 0, smem_optin = 0;
     FC_CUDA_TRY(cudaGetDevice(&dev));
     FC_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    FC_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
     FC_CUDA_TRY(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     if (major < 8)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "CUDA device %d has compute capability %d.x but flashc needs >= 8.0",
                             dev, major);
-    const int smem = fc_sm80_fwd_smem(plan->dim);
+    // sm_90a code runs on compute capability 9.0 exactly
+    const char *force = getenv("FLASHC_CUDA_FAMILY");
+    const bool sm90 = major == 9 && minor == 0 && d8 > 32 && fc_fwd_dim(FC_FAMILY_SM90, d8) != 0 &&
+                      !(force && strcmp(force, "sm80") == 0);
+    plan->family = sm90 ? FC_FAMILY_SM90 : FC_FAMILY_SM80;
+    plan->dim = fc_fwd_dim(plan->family, d8);
+    const int smem = fc_fwd_smem(plan->family, plan->dim);
     if (smem > smem_optin)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "head_dim=%lld needs %d bytes of shared memory per block but CUDA "
@@ -279,24 +311,33 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
     }
     p.head_dim = (int32_t)pk.dp;
 
-    // ---- dispatch: one switch over the compiled head dims ----
+    // ---- dispatch: one switch over the family's compiled head dims ----
     const bool bf16 = a->dtype == FLASHC_DTYPE_BF16;
-    cudaError_t e = cudaSuccess;
-    switch (plan.dim) {
-#define FC_CASE_(D)                                                               \
+    cudaError_t e = cudaErrorInvalidValue;  // no instance: cannot happen after the check
+#define FC_CASE_(F, D)                                                            \
     case D:                                                                       \
-        e = bf16 ? fc_sm80_fwd_run<D, __nv_bfloat16>(p, plan.causal, stream)      \
-                 : fc_sm80_fwd_run<D, __half>(p, plan.causal, stream);            \
+        e = bf16 ? fc_##F##_fwd_run<D, __nv_bfloat16>(p, plan.causal, stream)     \
+                 : fc_##F##_fwd_run<D, __half>(p, plan.causal, stream);           \
         break;
-        FC_SM80_FWD_HEADDIMS(FC_CASE_)
-#undef FC_CASE_
-    default:
-        return fc_set_error(FLASHC_ERR_INTERNAL, "head_dim=%lld: no instance for D=%d",
-                            (long long)a->head_dim, plan.dim);
+#define FC_CASE80_(D) FC_CASE_(sm80, D)
+#define FC_CASE90_(D) FC_CASE_(sm90, D)
+    if (plan.family == FC_FAMILY_SM90) {
+        switch (plan.dim) {
+            FC_SM90_FWD_HEADDIMS(FC_CASE90_)
+        default: break;
+        }
+    } else {
+        switch (plan.dim) {
+            FC_SM80_FWD_HEADDIMS(FC_CASE80_)
+        default: break;
+        }
     }
+#undef FC_CASE80_
+#undef FC_CASE90_
+#undef FC_CASE_
     if (e != cudaSuccess)
-        return fc_set_error(FLASHC_ERR_CUDA, "sm80_fwd_kernel<D=%d, %s, causal=%d> launch: %s",
-                            plan.dim, bf16 ? "bf16" : "fp16", (int)plan.causal,
+        return fc_set_error(FLASHC_ERR_CUDA, "sm%d_fwd_kernel<D=%d, %s, causal=%d> launch: %s",
+                            plan.family, plan.dim, bf16 ? "bf16" : "fp16", (int)plan.causal,
                             cudaGetErrorString(e));
     if (pk.packed[FC_PACK_OUT])
         FC_CUDA_TRY(fc_cuda_unpack(a->out, buf[FC_PACK_OUT], pk.dims[FC_PACK_OUT], a->head_dim,

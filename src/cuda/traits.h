@@ -83,20 +83,75 @@ struct fc_sm80_fwd_traits : fc_sm80_fwd_tile<D> {
     static constexpr int kQBytes = kBr * kRowBytes;
     static constexpr int kKVTileBytes = kBc * kRowBytes;
     static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVTileBytes;
-    // global -> shared copies: kLoadTPR threads per row (a power of two >= kChunks),
-    // kLoadRPP rows per pass of the CTA
-    static constexpr int kLoadTPR = kChunks <= 4 ? 4 : kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
-    static constexpr int kLoadRPP = kThreads / kLoadTPR;
     static constexpr int kAccRegs = kMT * kDT * 4 + kMT * kNT * 4 + (kQinRegs ? kMT * kKS * 4 : 0);
 
     static_assert(D % 32 == 0 && D >= 32 && D <= 256, "head dim: a multiple of 32 up to 256");
     static_assert(kBr % (16 * kWarps) == 0, "Br must be a multiple of 16 * warps");
     static_assert(kBc % 32 == 0, "Bc must be a multiple of 32 (ldmatrix pairs, dropout groups of 4)");
     static_assert(kStages >= 1, "at least one K/V stage");
-    static_assert(kBr % kLoadRPP == 0 && kBc % kLoadRPP == 0, "tile loads must split evenly");
     static_assert((kPitch / 8) % 2 == 1, "the row pitch in 16-byte chunks must be odd");
     static_assert(kSmemBytes <= FC_SM80_SMEM_LIMIT, "shared memory must fit 163 KB (sm80)");
     static_assert(kSmemBytes <= FC_SM90_SMEM_LIMIT, "shared memory must fit 227 KB (sm90)");
+    static_assert(kAccRegs <= 200, "accumulators leave too few of the 255 registers");
+};
+
+// ---- the sm90 family (sm90/fwd_kernel.cuh: wgmma, sm_90a only) ----
+// One row per head dim D: the warpgroups of a CTA (each owns 64 query rows, so
+// Br = 64 * warpgroups), the key tile Bc, the K/V ring depth (>= 2: the tiles
+// of iteration n + 1 load while iteration n computes), and the CTAs per SM the
+// registers are budgeted for (__launch_bounds__ minBlocks: 2 caps a 256-thread
+// CTA at 128 registers a thread). Every operand tile is stored in wgmma's
+// 128-byte-swizzled K-major layout, in column blocks of 64 elements, so D must
+// be a multiple of 64; other head dims run zero-padded on the next row
+// (launch.cu), and D <= 32 stays on the sm80 family.
+// Registers per thread: O D/2 + S Bc/2 + P Bc/4 fp32/b32 (wgmma m64nN
+// accumulators hold N/2 per thread). Shared memory: Q Br*D*2 + K, V 2 * stages
+// * Bc*D*2 bytes, + 1 KB to align the base to 1024 bytes (the swizzle atom).
+// A tuning build may replace the table: -D'FC_SM90_FWD_TILES(X)=X(64, 2, ...) ...'
+// (bench/tune.sh; tools/gen_wgmma.py must then know the Bc values used).
+#ifndef FC_SM90_FWD_TILES
+//   X(D,  warpgroups, Bc, stages, ctas per SM)
+#define FC_SM90_FWD_TILES(X) \
+    X(64,  2, 64,  3, 2)     \
+    X(128, 2, 128, 3, 1)     \
+    X(192, 2, 96,  2, 1)     \
+    X(256, 2, 64,  2, 1)
+#endif
+
+template <int D>
+struct fc_sm90_fwd_tile;  // only the rows of the table exist
+
+#define FC_SM90_FWD_TILE_ROW_(D_, WG, BC, STAGES, CTAS) \
+    template <>                                         \
+    struct fc_sm90_fwd_tile<D_> {                       \
+        static constexpr int kWarpgroups = WG;          \
+        static constexpr int kBc = BC;                  \
+        static constexpr int kStages = STAGES;          \
+        static constexpr int kCtasPerSm = CTAS;         \
+    };
+FC_SM90_FWD_TILES(FC_SM90_FWD_TILE_ROW_)
+#undef FC_SM90_FWD_TILE_ROW_
+
+template <int D>
+struct fc_sm90_fwd_traits : fc_sm90_fwd_tile<D> {
+    using tile = fc_sm90_fwd_tile<D>;
+    static constexpr int kD = D;
+    static constexpr int kWarpgroups = tile::kWarpgroups, kBc = tile::kBc;
+    static constexpr int kStages = tile::kStages, kCtasPerSm = tile::kCtasPerSm;
+    static constexpr int kBr = 64 * kWarpgroups;
+    static constexpr int kThreads = 128 * kWarpgroups;
+    static constexpr int kChunks = D / 8;             // 16-byte chunks per row
+    static constexpr int kQBytes = kBr * D * 2;
+    static constexpr int kKVTileBytes = kBc * D * 2;
+    static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVTileBytes;
+    static constexpr int kAccRegs = D / 2 + kBc / 2 + kBc / 4;
+
+    static_assert(D % 64 == 0 && D >= 64 && D <= 256, "head dim: a multiple of 64 up to 256");
+    static_assert(kBc % 32 == 0 && kBc <= 256, "Bc: a multiple of 32 (dropout groups) up to 256");
+    static_assert(kStages >= 2, "the K/V ring needs two stages");
+    static_assert(kSmemBytes <= FC_SM90_SMEM_LIMIT, "shared memory must fit 227 KB (sm90)");
+    static_assert(kCtasPerSm >= 1 && kCtasPerSm * kSmemBytes <= FC_SM90_SMEM_LIMIT,
+                  "the CTAs per SM must fit the SM's shared memory");
     static_assert(kAccRegs <= 200, "accumulators leave too few of the 255 registers");
 };
 

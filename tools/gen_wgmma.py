@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""gen_wgmma.py : write the wgmma instruction wrappers of the sm90 kernels.
+
+A wgmma with an m64nNk16 shape names N/2 fp32 accumulator registers per thread
+in its operand list, so each N needs its own inline-asm statement. The N values
+come from the sm90 tuning table, FC_SM90_FWD_TILES in src/cuda/traits.h: every
+key-tile width Bc (S = Q K^T, both operands from shared memory) and every head
+dim D (O += P V, P from registers). For each N and dtype it writes to
+src/cuda/common/wgmma_ops.cuh
+
+    fc_wgmma_ss<N, T>(d, desc_a, desc_b, scale_d)   A, B from shared memory,
+                                                    both K-major
+    fc_wgmma_rs<N, T>(d, a, desc_b, scale_d)        A from registers (the
+                                                    mma.m16n8k16 A fragment
+                                                    of the warp's 16 rows), B
+                                                    MN-major (transposed)
+
+d += A B when scale_d != 0, d = A B when scale_d == 0. The output starts
+"generated; do not edit". Run from anywhere:
+    python3 tools/gen_wgmma.py
+"""
+import pathlib
+import re
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TRAITS = ROOT / "src" / "cuda" / "traits.h"
+OUT = ROOT / "src" / "cuda" / "common" / "wgmma_ops.cuh"
+DTYPES = [("bf16", "__nv_bfloat16"), ("f16", "__half")]
+
+
+# Key tiles a tuning build (bench/tune.sh) may try on top of the table's.
+TUNING_BC = [64, 96, 128, 192]
+
+
+def widths():
+    text = TRAITS.read_text()
+    m = re.search(r"#define FC_SM90_FWD_TILES\(X\)(.*?)\n#endif", text, re.S)
+    if not m:
+        sys.exit(f"{TRAITS}: FC_SM90_FWD_TILES(X) not found")
+    rows = re.findall(r"X\(\s*(\d+)\s*,\s*\d+\s*,\s*(\d+)\s*,", m.group(1))
+    ns = set(TUNING_BC)
+    for d, bc in rows:
+        ns.update((int(d), int(bc)))
+    for n in ns:
+        if n % 16 or not 16 <= n <= 256:
+            sys.exit(f"{TRAITS}: wgmma N={n} must be a multiple of 16 in 16..256")
+    return sorted(ns)
+
+
+def regs(n, first=0):
+    return ", ".join(f"%{first + i}" for i in range(n))
+
+
+def outs(n):
+    return ", ".join(f'"+f"(d[{i}])' for i in range(n))
+
+
+def ss(n, ptx, ty):
+    r = n // 2
+    return (
+        f"template <>\n__device__ __forceinline__ void fc_wgmma_ss<{n}, {ty}>(float (&d)[{r}], uint64_t a,\n"
+        f"        uint64_t b, int scale_d) {{\n"
+        f'    asm volatile(\n        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"\n'
+        f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "\n'
+        f'        "{{{regs(r)}}}, "\n'
+        f'        "%{r}, %{r + 1}, p, 1, 1, 0, 0;\\n}}\\n"\n'
+        f"        : {outs(r)}\n"
+        f'        : "l"(a), "l"(b), "r"(scale_d));\n}}\n\n')
+
+
+def rs(n, ptx, ty):
+    r = n // 2
+    return (
+        f"template <>\n__device__ __forceinline__ void fc_wgmma_rs<{n}, {ty}>(float (&d)[{r}],\n"
+        f"        const uint32_t (&a)[4], uint64_t b, int scale_d) {{\n"
+        f'    asm volatile(\n        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 5}, 0;\\n"\n'
+        f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "\n'
+        f'        "{{{regs(r)}}}, "\n'
+        f'        "{{{regs(4, r)}}}, %{r + 4}, p, 1, 1, 1;\\n}}\\n"\n'
+        f"        : {outs(r)}\n"
+        f'        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));\n}}\n\n')
+
+
+def header(ns):
+    out = ["// generated; do not edit. Written by tools/gen_wgmma.py from src/cuda/traits.h.\n",
+           "// The wgmma.mma_async wrappers of the sm90 kernels, one per (N, dtype): see\n",
+           "// tools/gen_wgmma.py for the operand conventions and wgmma.cuh for the rest.\n",
+           "#ifndef FLASHC_CUDA_WGMMA_OPS_CUH\n#define FLASHC_CUDA_WGMMA_OPS_CUH\n\n",
+           "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <stdint.h>\n\n",
+           "template <int N, typename T>\n",
+           "__device__ void fc_wgmma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, int scale_d);\n",
+           "template <int N, typename T>\n",
+           "__device__ void fc_wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b, int scale_d);\n\n"]
+    for n in ns:
+        out.append(f"// ---- N = {n} ----\n")
+        for ptx, ty in DTYPES:
+            out.append(ss(n, ptx, ty))
+            out.append(rs(n, ptx, ty))
+    out.append("#endif  // FLASHC_CUDA_WGMMA_OPS_CUH\n")
+    return "".join(out)
+
+
+def main():
+    text = header(widths())
+    if not OUT.exists() or OUT.read_text() != text:
+        OUT.write_text(text)
+        print(f"wrote {OUT.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
