@@ -26,20 +26,28 @@ if has build; then
   ./build/flashc info | tee "$out/info.txt"
 fi
 
+# Kernel families: "auto" is what launch.cu picks (sm90 on an H100/H200 for
+# D > 32), "sm80" forces the FA2 kernels (FLASHC_CUDA_FAMILY).
+families=${FAMILIES:-auto sm80}
+
 if has test; then
   echo "== GPU tests =="
-  ./build/flashc_gpu_tests > "$out/gpu_tests.log" 2>&1 || status=1
-  grep -E "^not ok|FAIL" "$out/gpu_tests.log" | head -20
-  tail -1 "$out/gpu_tests.log"
+  for fam in $families; do
+    FLASHC_CUDA_FAMILY=$fam ./build/flashc_gpu_tests ${TEST_FILTER:-} > "$out/gpu_tests_$fam.log" 2>&1 || status=1
+    grep -E "^not ok|FAIL" "$out/gpu_tests_$fam.log" | head -20
+    echo "family $fam: $(tail -1 "$out/gpu_tests_$fam.log")"
+  done
 fi
 
 if has sanitize; then
   echo "== compute-sanitizer (reduced set) =="
-  for tool in memcheck racecheck; do
-    compute-sanitizer --tool "$tool" --error-exitcode 3 ./build/flashc_gpu_tests "${SANITIZE_FILTER:-d64}" \
-      > "$out/sanitize_$tool.log" 2>&1
-    echo "$tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_$tool.log" | tail -1)"
-    tail -1 "$out/sanitize_$tool.log"
+  for fam in $families; do
+    for tool in memcheck racecheck; do
+      FLASHC_CUDA_FAMILY=$fam compute-sanitizer --tool "$tool" --error-exitcode 3 \
+        ./build/flashc_gpu_tests "${SANITIZE_FILTER:-d64}" > "$out/sanitize_${tool}_$fam.log" 2>&1
+      echo "$fam $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_${tool}_$fam.log" | tail -1)"
+      tail -1 "$out/sanitize_${tool}_$fam.log"
+    done
   done
 fi
 

@@ -6,11 +6,13 @@
  * fc_ref_fwd / fc_ref_varlen_fwd run on host copies of the same inputs.
  *
  * Cases:
- * - the sweep: dtype {bf16, fp16} x D {32, 64, 80 (zero-padded to 96), 96, 128,
- *   256} x option {none, causal, window, softcap, alibi, dropout, gqa}, each
- *   with one shape from (Sq, Sk) in {(1,1), (17,113), (113,17), (1000,1000),
- *   (2049,1000)}, picked so every pair of (dtype, D, shape, option) values
- *   meets in some case;
+ * - the sweep: dtype {bf16, fp16} x D {32, 64, 80 (zero-padded), 96, 128, 160,
+ *   192, 224, 256} x option {none, causal, window, softcap, alibi, dropout,
+ *   gqa}, each with one shape from (Sq, Sk) in {(1,1), (17,113), (113,17),
+ *   (1000,1000), (2049,1000)}, picked so every pair of (dtype, D, shape,
+ *   option) values meets in some case. On an sm90 device these run the kernel
+ *   family launch.cu picks (sm90 for D > 32); FLASHC_CUDA_FAMILY=sm80 runs the
+ *   same cases on the sm80 family;
  * - packed layouts: qkvpacked [B,S,3,H,D] and kvpacked [B,S,2,Hk,D] views;
  * - operands the kernels cannot read in place (repacked through the
  *   workspace): D in {1, 7, 36, 100, 129, 250} x {bf16, fp16} x {none,
@@ -175,7 +177,7 @@ typedef struct {
     int misalign; /* bit 0: q one element past the buffer start; bit 1: out likewise */
 } gpu_case;
 
-#define GPU_MAX_CASES 128
+#define GPU_MAX_CASES 256
 static gpu_case gpu_cases[GPU_MAX_CASES];
 static int gpu_ncases;
 
@@ -310,11 +312,11 @@ static void gpu_add(const char *name, const gpu_case *c) {
 }
 
 FC_TEST_REGISTER(gpu_fwd_sweep) {
-    static const int64_t dims[6] = {32, 64, 80, 96, 128, 256};
+    static const int64_t dims[9] = {32, 64, 80, 96, 128, 160, 192, 224, 256};
     static const int64_t shapes[5][2] = {{1, 1}, {17, 113}, {113, 17}, {1000, 1000}, {2049, 1000}};
     static const flashc_dtype dts[2] = {FLASHC_DTYPE_BF16, FLASHC_DTYPE_FP16};
     for (int t = 0; t < 2; t++)
-        for (int di = 0; di < 6; di++)
+        for (int di = 0; di < 9; di++)
             for (int o = 0; o < GO_COUNT; o++) {
                 const int si = (3 * o + di + t) % 5; /* every pair of values meets */
                 gpu_case c;
