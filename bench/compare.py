@@ -15,9 +15,11 @@ causal. GB/s counts q, k, v read and out written once.
 
 flashc is called through ctypes on libflashc.so with the tensors' device
 pointers (the Python package of issue 6 will replace this thin binding).
-CSV columns are those of `flashc bench --csv`; backends: flashc, sdpa-flash,
-sdpa-cudnn (--backends times a subset, e.g. flashc alone for a tuning variant with
---lib; max_err is always against an untimed sdpa-flash call).
+CSV columns are those of `flashc bench --csv`; backends: flashc (the kernel family
+launch.cu picks: sm90 on an H100/H200), flashc-sm80 (FLASHC_CUDA_FAMILY=sm80: the
+FA2-algorithm kernels), sdpa-flash, sdpa-cudnn (--backends times a subset, e.g.
+flashc alone for a tuning variant with --lib; max_err is always against an
+untimed sdpa-flash call).
 """
 import argparse
 import ctypes
@@ -78,7 +80,8 @@ class Flashc:
         self.lib.flashc_last_error.restype = ctypes.c_char_p
         self.lib.flashc_params_default.restype = Params
 
-    def fwd(self, q, k, v, out, lse, causal):
+    def fwd(self, q, k, v, out, lse, causal, family="auto"):
+        os.environ["FLASHC_CUDA_FAMILY"] = family  # read by launch.cu at every call
         a = FwdArgs()
         a.q, a.k, a.v, a.out, a.softmax_lse = (describe(t) for t in (q, k, v, out, lse))
         p = self.lib.flashc_params_default()
@@ -126,7 +129,7 @@ def main():
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--backends", default="sdpa-flash,sdpa-cudnn,flashc",
+    ap.add_argument("--backends", default="sdpa-flash,sdpa-cudnn,flashc-sm80,flashc",
                     help="subset to time (flashc alone: a quick look at a tuning variant)")
     ap.add_argument("--csv", default="")
     args = ap.parse_args()
@@ -149,8 +152,10 @@ def main():
                     nbytes = 4 * q.numel() * q.element_size()
                     fl = flops(b, h, s, s, d, causal)
 
-                    def run_flashc():
-                        fc.fwd(q, k, v, out, lse, causal)
+                    def flashc(family):
+                        def run():
+                            fc.fwd(q, k, v, out, lse, causal, family)
+                        return run
 
                     def sdpa(backend):
                         def run():
@@ -164,13 +169,14 @@ def main():
                     results = []
                     backends = (("sdpa-flash", sdpa(SDPBackend.FLASH_ATTENTION)),
                                 ("sdpa-cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)),
-                                ("flashc", run_flashc))
+                                ("flashc-sm80", flashc("sm80")),
+                                ("flashc", flashc("auto")))
                     for name, fn in (b for b in backends if b[0] in args.backends.split(",")):
                         try:
                             fn()
                             torch.cuda.synchronize()
                             err = ""
-                            if name == "flashc":
+                            if name.startswith("flashc"):
                                 err = "%.3g" % (out.float() - ref).abs().max().item()
                             ms = time_ms(fn, args.reps)
                             results.append((name, ms, err))
@@ -185,11 +191,12 @@ def main():
                                     (name, args.mode, dn, b, s, s, h, h, d, causal, ms, tf, gb, err))
                     base = {n: float("nan") for n, _ in backends}
                     base.update({n: m for n, m, _ in results})
-                    line = ("%s d%-3d s%-5d %-6s flashc %6.1f  sdpa-flash %6.1f  sdpa-cudnn %6.1f TFLOP/s  "
-                          "(flashc/FA2 %.2fx) err %s" %
-                          (dn, d, s, "causal" if causal else "", fl / base["flashc"] / 1e9,
-                           fl / base["sdpa-flash"] / 1e9, fl / base["sdpa-cudnn"] / 1e9,
-                           base["sdpa-flash"] / base["flashc"], results[-1][2]))
+                    line = ("%s d%-3d s%-5d %-6s flashc %6.1f  flashc-sm80 %6.1f  sdpa-flash %6.1f  "
+                            "sdpa-cudnn %6.1f TFLOP/s  (flashc/FA2 %.2fx) err %s" %
+                            (dn, d, s, "causal" if causal else "", fl / base["flashc"] / 1e9,
+                             fl / base["flashc-sm80"] / 1e9, fl / base["sdpa-flash"] / 1e9,
+                             fl / base["sdpa-cudnn"] / 1e9, base["sdpa-flash"] / base["flashc"],
+                             results[-1][2]))
                     print(line, flush=True)
                     table.append(line)
                     del q, k, v, out, lse, qt, kt, vt, ref
