@@ -3,16 +3,20 @@
 #   1. build (Release, all cores) with the CUDA backend
 #   2. the GPU tests (ctest -L gpu), then compute-sanitizer memcheck and racecheck
 #      on a reduced set
-#   3. bench/compare.py against PyTorch SDPA (flash and cuDNN) in the same run
+#   3. `flashc bench --check` on a few option mixes (both kernel families), and
+#      compute-sanitizer memcheck of one
+#   4. bench/compare.py against PyTorch SDPA (flash and cuDNN) in the same run
 # Full logs go to $OUT (or bench/results when OUT is unset); the short table is
-# printed last. Steps can be chosen: bench/gpu.sh build test sanitize bench
-# (default: all). BENCH_ARGS passes flags to compare.py; FLASHC_CUDA_HEADDIMS
+# printed last. Steps can be chosen: bench/gpu.sh build test sanitize cli bench
+# (default: all). FAMILIES picks the kernel families tested (default "auto
+# sm80"), SANITIZE_FILTER and SANITIZE_TOOLS the sanitizer's cases (default
+# "d64") and tools. BENCH_ARGS passes flags to compare.py; FLASHC_CUDA_HEADDIMS
 # (e.g. "64;128;256") trims the kernels built, for quicker tuning builds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench/results}
 mkdir -p "$out"
-steps=${*:-build test sanitize bench}
+steps=${*:-build test sanitize cli bench}
 has() { [[ " $steps " == *" $1 "* ]]; }
 status=0
 
@@ -42,13 +46,32 @@ fi
 if has sanitize; then
   echo "== compute-sanitizer (reduced set) =="
   for fam in $families; do
-    for tool in memcheck racecheck; do
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
       FLASHC_CUDA_FAMILY=$fam compute-sanitizer --tool "$tool" --error-exitcode 3 \
         ./build/flashc_gpu_tests "${SANITIZE_FILTER:-d64}" > "$out/sanitize_${tool}_$fam.log" 2>&1
       echo "$fam $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_${tool}_$fam.log" | tail -1)"
       tail -1 "$out/sanitize_${tool}_$fam.log"
     done
   done
+fi
+
+if has cli; then
+  echo "== flashc bench --check =="
+  mixes=("--seqlen 1024 --heads 16 --headdim 128"
+         "--seqlen 2048 --heads 8 --headdim 64 --dtype fp16 --causal"
+         "--seqlen 1000 --seqlen-k 1500 --heads 8 --kv-heads 2 --headdim 256 --window 256,0"
+         "--seqlen 777 --heads 4 --headdim 192 --softcap 30 --dropout 0.1"
+         "--seqlen 513 --heads 4 --headdim 96 --dtype fp16 --causal")
+  for fam in $families; do
+    for m in "${mixes[@]}"; do
+      FLASHC_CUDA_FAMILY=$fam ./build/flashc bench --backend cuda --check --iters 3 $m \
+        > "$out/cli.log" 2>&1 || status=1
+      echo "$fam $m: $(grep -E '^  check' "$out/cli.log" | awk '{print $2, $4, $NF}' | tr '\n' ' ')"
+    done
+  done
+  compute-sanitizer --tool memcheck --error-exitcode 3 ./build/flashc bench --backend cuda --check \
+    --iters 1 --seqlen 300 --heads 4 --kv-heads 2 --headdim 128 --causal > "$out/cli_memcheck.log" 2>&1
+  echo "memcheck of the CLI: rc=$? $(grep 'ERROR SUMMARY' "$out/cli_memcheck.log")"
 fi
 
 if has bench; then
