@@ -4,15 +4,18 @@
 #   2. the GPU tests (ctest -L gpu), then compute-sanitizer memcheck and racecheck
 #      on a reduced set
 #   3. bench/compare.py against PyTorch SDPA (flash and cuDNN) in the same run
+#   4. bench/compare.py --mode decode: decode bandwidth, contiguous and paged
+#      caches, against SDPA and a device copy
 # Full logs go to $OUT (or bench/results when OUT is unset); the short table is
-# printed last. Steps can be chosen: bench/gpu.sh build test sanitize bench
-# (default: all). BENCH_ARGS passes flags to compare.py; FLASHC_CUDA_HEADDIMS
+# printed last. Steps can be chosen: bench/gpu.sh build test sanitize bench decode
+# (default: all). BENCH_ARGS passes flags to compare.py (DECODE_ARGS to the
+# decode run); FLASHC_CUDA_HEADDIMS
 # (e.g. "64;128;256") trims the kernels built, for quicker tuning builds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench/results}
 mkdir -p "$out"
-steps=${*:-build test sanitize bench}
+steps=${*:-build test sanitize bench decode}
 has() { [[ " $steps " == *" $1 "* ]]; }
 status=0
 
@@ -49,5 +52,13 @@ if has bench; then
     > "$out/compare_fwd.log" 2>&1 || status=1
   sed -n '/^== flashc vs SDPA/,$p' "$out/compare_fwd.log"
   grep -v "^bf16\|^fp16\|^==" "$out/compare_fwd.log" | tail -5
+fi
+
+if has decode; then
+  echo "== decode benchmark =="
+  PYTHONUNBUFFERED=1 python3 bench/compare.py --mode decode --csv "$out/compare_decode.csv" \
+    ${DECODE_ARGS:-} > "$out/compare_decode.log" 2>&1 || status=1
+  sed -n '/^== flashc vs SDPA, decode/,$p' "$out/compare_decode.log"
+  grep -v "^bf16\|^fp16\|^==\|^device copy" "$out/compare_decode.log" | tail -5
 fi
 exit $status
