@@ -94,6 +94,12 @@ class Flashc:
         self.lib.flashc_fwd.restype = ctypes.c_int
         self.lib.flashc_fwd.argtypes = [ctypes.POINTER(FwdArgs), ctypes.POINTER(Params),
                                         ctypes.c_void_p, ctypes.c_size_t]
+        self.lib.flashc_fwd_kvcache.restype = ctypes.c_int
+        self.lib.flashc_fwd_kvcache.argtypes = [ctypes.POINTER(KvcacheArgs), ctypes.POINTER(Params),
+                                                ctypes.c_void_p, ctypes.c_size_t]
+        self.lib.flashc_fwd_kvcache_workspace_size.restype = ctypes.c_int
+        self.lib.flashc_fwd_kvcache_workspace_size.argtypes = [
+            ctypes.POINTER(KvcacheArgs), ctypes.POINTER(Params), ctypes.POINTER(ctypes.c_size_t)]
         self.lib.flashc_last_error.restype = ctypes.c_char_p
         self.lib.flashc_params_default.restype = Params
 
