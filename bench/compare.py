@@ -5,6 +5,7 @@ Run on a machine with a GPU after the normal build (`cmake -S . -B build && cmak
 --build build`), with a python3 that has torch:
 
     python3 bench/compare.py --mode fwd --csv bench/results/fwd.csv
+    python3 bench/compare.py --mode decode --csv bench/results/decode.csv
 
 Shapes follow the FlashAttention papers: hidden 2048 (heads = 2048 / headdim) and
 16k tokens per batch (batch = 16384 / seqlen). For each shape it checks flashc's
@@ -20,6 +21,17 @@ launch.cu picks: sm90 on an H100/H200), flashc-sm80 (FLASHC_CUDA_FAMILY=sm80: th
 FA2-algorithm kernels), sdpa-flash, sdpa-cudnn (--backends times a subset, e.g.
 flashc alone for a tuning variant with --lib; max_err is always against an
 untimed sdpa-flash call).
+
+--mode decode: one query token per sequence (flashc_fwd_kvcache, no append)
+over a full cache, head dim 128, for (batch, heads, kv heads, keys) in
+--decode-shapes (default (32,32,32,4k), (8,32,32,32k), (1,32,32,128k),
+(64,32,8,8k)). The figure is bandwidth: bytes of K and V read / time. flashc runs
+on the contiguous cache and on paged copies of it (--pages, default 16 and 256;
+pages in a random order), SDPA flash and cuDNN on the contiguous one (GQA through
+enable_gqa). The same run measures a device-to-device copy (a 1 GiB torch copy,
+bytes read + written / time) as the bandwidth ceiling; each row's "of copy" is
+its GB/s over the copy's. CSV rows as above, mode decode / decode-page16 / ...,
+plus one row for the copy (backend torch-copy, mode copy).
 """
 import argparse
 import ctypes
@@ -58,6 +70,13 @@ class FwdArgs(ctypes.Structure):
                                       "attn_probs")]
 
 
+class KvcacheArgs(ctypes.Structure):
+    _fields_ = [(n, Tensor) for n in ("q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos",
+                                      "rotary_sin", "cache_seqlens", "cache_batch_idx",
+                                      "cache_leftpad", "block_table", "alibi_slopes", "out",
+                                      "softmax_lse")]
+
+
 def describe(t):
     """The flashc_tensor view of a CUDA torch tensor (strides in elements)."""
     d = Tensor()
@@ -77,6 +96,12 @@ class Flashc:
         self.lib.flashc_fwd.restype = ctypes.c_int
         self.lib.flashc_fwd.argtypes = [ctypes.POINTER(FwdArgs), ctypes.POINTER(Params),
                                         ctypes.c_void_p, ctypes.c_size_t]
+        self.lib.flashc_fwd_kvcache.restype = ctypes.c_int
+        self.lib.flashc_fwd_kvcache.argtypes = [ctypes.POINTER(KvcacheArgs), ctypes.POINTER(Params),
+                                                ctypes.c_void_p, ctypes.c_size_t]
+        self.lib.flashc_fwd_kvcache_workspace_size.restype = ctypes.c_int
+        self.lib.flashc_fwd_kvcache_workspace_size.argtypes = [
+            ctypes.POINTER(KvcacheArgs), ctypes.POINTER(Params), ctypes.POINTER(ctypes.c_size_t)]
         self.lib.flashc_last_error.restype = ctypes.c_char_p
         self.lib.flashc_params_default.restype = Params
 
@@ -90,6 +115,32 @@ class Flashc:
         s = self.lib.flashc_fwd(ctypes.byref(a), ctypes.byref(p), None, 0)
         if s != 0:
             raise RuntimeError("flashc_fwd: status %d: %s" % (s, self.lib.flashc_last_error().decode()))
+
+    def kvcache_call(self, q, k_cache, v_cache, seqlens, block_table, out, lse, num_splits):
+        """The args, params and a workspace of the size the library asks for, for
+        fwd_kvcache(); built once per shape so that the timed call is the call alone."""
+        a = KvcacheArgs()
+        a.q, a.k_cache, a.v_cache, a.cache_seqlens, a.out, a.softmax_lse = (
+            describe(t) for t in (q, k_cache, v_cache, seqlens, out, lse))
+        if block_table is not None:
+            a.block_table = describe(block_table)
+        p = self.lib.flashc_params_default()
+        p.num_splits = num_splits
+        p.stream = torch.cuda.current_stream().cuda_stream
+        size = ctypes.c_size_t(0)
+        s = self.lib.flashc_fwd_kvcache_workspace_size(ctypes.byref(a), ctypes.byref(p), ctypes.byref(size))
+        if s != 0:
+            raise RuntimeError("flashc_fwd_kvcache_workspace_size: status %d: %s" %
+                               (s, self.lib.flashc_last_error().decode()))
+        ws = torch.empty(max(size.value, 1), dtype=torch.uint8, device="cuda")  # 512-byte aligned
+        return a, p, ws, size.value
+
+    def fwd_kvcache(self, call):
+        a, p, ws, size = call
+        s = self.lib.flashc_fwd_kvcache(ctypes.byref(a), ctypes.byref(p),
+                                        ctypes.c_void_p(ws.data_ptr()), size)
+        if s != 0:
+            raise RuntimeError("flashc_fwd_kvcache: status %d: %s" % (s, self.lib.flashc_last_error().decode()))
 
 
 # ---- timing ----
@@ -122,7 +173,7 @@ def flops(b, h, sq, sk, d, causal):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", default="fwd", choices=["fwd"])
+    ap.add_argument("--mode", default="fwd", choices=["fwd", "decode"])
     ap.add_argument("--lib", default=os.environ.get("FLASHC_LIBRARY", "build/libflashc.so"))
     ap.add_argument("--dtypes", default="bf16,fp16")
     ap.add_argument("--headdims", default="64,128,256")
@@ -132,9 +183,15 @@ def main():
     ap.add_argument("--backends", default="sdpa-flash,sdpa-cudnn,flashc-sm80,flashc",
                     help="subset to time (flashc alone: a quick look at a tuning variant)")
     ap.add_argument("--csv", default="")
+    ap.add_argument("--decode-shapes", default="32x32x32x4096,8x32x32x32768,1x32x32x131072,64x32x8x8192",
+                    help="decode: batch x heads x kv_heads x keys, comma-separated")
+    ap.add_argument("--pages", default="16,256", help="decode: page sizes of the paged runs")
+    ap.add_argument("--num-splits", type=int, default=0, help="decode: params.num_splits (0 = heuristic)")
     args = ap.parse_args()
 
     fc = Flashc(args.lib)
+    if args.mode == "decode":
+        return bench_decode(args, fc)
     dts = {"bf16": torch.bfloat16, "fp16": torch.float16}
     rows, table = [], []
     header = "backend,mode,dtype,batch,seqlen_q,seqlen_k,heads,kv_heads,headdim,causal,ms,tflops,gbps,max_err"
@@ -205,6 +262,114 @@ def main():
         with open(args.csv, "w") as f:
             f.write(header + "\n" + "\n".join(rows) + "\n")
     print("\n== flashc vs SDPA, %s (TFLOP/s) ==" % args.mode)
+    print("\n".join(table))
+
+
+def paged_copy(x, page, perm):
+    """x [B, S, Hk, D] scattered into pages [num_pages, page, Hk, D] in the order of
+    perm (a permutation of the pages); returns the pages and block_table [B, S / page]."""
+    b, s, hk, d = x.shape
+    per = (s + page - 1) // page
+    bt = perm[: b * per].view(b, per).to(torch.int32).contiguous()
+    pages = torch.empty(perm.numel(), page, hk, d, device=x.device, dtype=x.dtype)
+    j = torch.arange(s, device=x.device)
+    rows = (bt.long()[:, j // page] * page + j % page).reshape(-1)  # [B * S] rows of the pool
+    pages.view(-1, hk, d)[rows] = x.reshape(-1, hk, d)
+    return pages, bt
+
+
+def bench_decode(args, fc):
+    dts = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    dn = args.dtypes.split(",")[0]
+    dt, d = dts[dn], 128
+    header = "backend,mode,dtype,batch,seqlen_q,seqlen_k,heads,kv_heads,headdim,causal,ms,tflops,gbps,max_err"
+    rows, table = [], []
+    torch.manual_seed(0)
+
+    # the ceiling: a device-to-device copy, bytes read + written
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy_ms = time_ms(lambda: dst.copy_(src), args.reps)
+    copy_gbps = 2 * src.numel() / (copy_ms * 1e-3) / 1e9
+    rows.append("torch-copy,copy,u8,0,0,0,0,0,0,0,%.4f,0.0,%.1f," % (copy_ms, copy_gbps))
+    table.append("device copy (1 GiB read + 1 GiB written): %.3f ms, %.1f GB/s" % (copy_ms, copy_gbps))
+    del src, dst
+
+    for shape in args.decode_shapes.split(","):
+        b, h, hk, s = map(int, shape.lower().split("x"))
+        q = torch.randn(b, 1, h, d, device="cuda", dtype=dt)
+        k, v = (torch.randn(b, s, hk, d, device="cuda", dtype=dt) for _ in range(2))
+        out = torch.empty_like(q)
+        lse = torch.empty(b, h, 1, device="cuda", dtype=torch.float32)
+        seqlens = torch.full((b,), s, device="cuda", dtype=torch.int32)
+        kv_bytes = 2 * k.numel() * k.element_size()
+        fl = flops(b, h, 1, s, d, False)
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        gqa = {"enable_gqa": True} if h != hk else {}
+
+        def sdpa(backend):
+            def run():
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(qt, kt, vt, **gqa)
+            return run
+
+        ref = None
+        for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.MATH):  # max_err's reference
+            try:
+                ref = sdpa(backend)().transpose(1, 2).float()
+                break
+            except Exception as e:
+                print("  reference %s %s: %s" % (backend, shape, str(e)[:200]), file=sys.stderr)
+        results = []  # (backend, mode, ms, err)
+        for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION),
+                              ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
+            if name not in args.backends.split(","):
+                continue
+            try:
+                fn = sdpa(backend)
+                fn()
+                torch.cuda.synchronize()
+                results.append((name, "decode", time_ms(fn, args.reps), ""))
+            except Exception as e:  # a backend that cannot run this shape
+                print("  %s %s: %s" % (name, shape, str(e)[:200]), file=sys.stderr)
+                results.append((name, "decode", float("nan"), ""))
+        if "flashc" in args.backends.split(","):
+            layouts = [(0, k, v, None)]
+            for page in (int(x) for x in args.pages.split(",") if x):
+                per = (s + page - 1) // page
+                perm = torch.randperm(b * per + 3, device="cuda")
+                kp, bt = paged_copy(k, page, perm)
+                vp, _ = paged_copy(v, page, perm)
+                layouts.append((page, kp, vp, bt))
+            for page, kc, vc, bt in layouts:
+                mode = "decode-page%d" % page if page else "decode"
+                try:
+                    call = fc.kvcache_call(q, kc, vc, seqlens, bt, out, lse, args.num_splits)
+                    out.fill_(float("nan"))
+                    fc.fwd_kvcache(call)
+                    torch.cuda.synchronize()
+                    err = "%.3g" % (out.float() - ref).abs().max().item() if ref is not None else ""
+                    results.append(("flashc", mode, time_ms(lambda: fc.fwd_kvcache(call), args.reps), err))
+                except Exception as e:
+                    print("  flashc %s %s: %s" % (mode, shape, str(e)[:200]), file=sys.stderr)
+                    results.append(("flashc", mode, float("nan"), ""))
+            del layouts
+        for name, mode, ms, err in results:
+            rows.append("%s,%s,%s,%d,1,%d,%d,%d,%d,0,%.4f,%.2f,%.1f,%s" %
+                        (name, mode, dn, b, s, h, hk, d, ms, fl / (ms * 1e-3) / 1e12,
+                         kv_bytes / (ms * 1e-3) / 1e9, err))
+            gbps = kv_bytes / (ms * 1e-3) / 1e9
+            line = ("%s b%-3d h%d:%-3d s%-7d %-10s %-14s %8.3f ms %7.1f GB/s  %5.1f%% of copy  err %s" %
+                    (dn, b, h, hk, s, name, mode, ms, gbps, 100.0 * gbps / copy_gbps, err))
+            print(line, flush=True)
+            table.append(line)
+        del q, k, v, out, lse, qt, kt, vt, ref
+        torch.cuda.empty_cache()
+    if args.csv:
+        os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
+        with open(args.csv, "w") as f:
+            f.write(header + "\n" + "\n".join(rows) + "\n")
+    print("\n== flashc vs SDPA, decode (GB/s of K and V read) ==")
     print("\n".join(table))
 
 

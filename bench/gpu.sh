@@ -6,17 +6,20 @@
 #   3. `flashc bench --check` on a few option mixes (both kernel families), and
 #      compute-sanitizer memcheck of one
 #   4. bench/compare.py against PyTorch SDPA (flash and cuDNN) in the same run
+#   5. bench/compare.py --mode decode: decode bandwidth, contiguous and paged
+#      caches, against SDPA and a device copy
 # Full logs go to $OUT (or bench/results when OUT is unset); the short table is
 # printed last. Steps can be chosen: bench/gpu.sh build test sanitize cli bench
-# (default: all). FAMILIES picks the kernel families tested (default "auto
-# sm80"), SANITIZE_FILTER and SANITIZE_TOOLS the sanitizer's cases (default
-# "d64") and tools. BENCH_ARGS passes flags to compare.py; FLASHC_CUDA_HEADDIMS
+# decode (default: all). FAMILIES picks the kernel families tested (default
+# "auto sm80"), SANITIZE_FILTER and SANITIZE_TOOLS the sanitizer's cases
+# (default "d64") and tools. BENCH_ARGS passes flags to compare.py (DECODE_ARGS
+# to the decode run); FLASHC_CUDA_HEADDIMS
 # (e.g. "64;128;256") trims the kernels built, for quicker tuning builds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench/results}
 mkdir -p "$out"
-steps=${*:-build test sanitize cli bench}
+steps=${*:-build test sanitize cli bench decode}
 has() { [[ " $steps " == *" $1 "* ]]; }
 status=0
 
@@ -80,5 +83,13 @@ if has bench; then
     > "$out/compare_fwd.log" 2>&1 || status=1
   sed -n '/^== flashc vs SDPA/,$p' "$out/compare_fwd.log"
   grep -v "^bf16\|^fp16\|^==" "$out/compare_fwd.log" | tail -5
+fi
+
+if has decode; then
+  echo "== decode benchmark =="
+  PYTHONUNBUFFERED=1 python3 bench/compare.py --mode decode --csv "$out/compare_decode.csv" \
+    ${DECODE_ARGS:-} > "$out/compare_decode.log" 2>&1 || status=1
+  sed -n '/^== flashc vs SDPA, decode/,$p' "$out/compare_decode.log"
+  grep -v "^bf16\|^fp16\|^==\|^device copy" "$out/compare_decode.log" | tail -5
 fi
 exit $status

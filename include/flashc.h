@@ -44,8 +44,9 @@
  *   On the CPU their values are validated; on a CUDA device they are not read
  *   on the host (that would synchronise), so the caller answers for them.
  * - params == NULL means flashc_params_default(); args == NULL is an error.
- * - The CUDA backend so far runs the forward (flashc_fwd, flashc_varlen_fwd) for
- *   fp16 and bf16; its backward and kvcache calls return FLASHC_ERR_UNSUPPORTED.
+ * - The CUDA backend runs the forward (flashc_fwd, flashc_varlen_fwd) and
+ *   flashc_fwd_kvcache for fp16 and bf16; its backward calls return
+ *   FLASHC_ERR_UNSUPPORTED.
  */
 #ifndef FLASHC_H
 #define FLASHC_H
@@ -168,7 +169,9 @@ typedef struct flashc_params {
     int32_t deterministic;     /* backward: 1 = bitwise-reproducible gradients */
     int32_t rotary_interleaved;/* kvcache rotary: 1 = rotate pairs (x[2i], x[2i+1]) (GPT-J),
                                   0 = rotate halves (x[i], x[i + rotary_dim/2]) (GPT-NeoX) */
-    int32_t num_splits;        /* kvcache: >= 0 splits of the keys; 0 = heuristic */
+    int32_t num_splits;        /* kvcache: >= 0 splits of the keys; 0 = heuristic. Results
+                                  do not depend on it beyond rounding; the CUDA decode
+                                  kernel caps it at 128 and at the cache's key tiles */
     flashc_backend backend;    /* AUTO picks the backend of the tensors' device */
     void *stream;              /* cudaStream_t for the CUDA backend; NULL = default stream */
 } flashc_params;
@@ -232,7 +235,8 @@ FLASHC_API flashc_status flashc_fwd_supported(const flashc_fwd_args *args,
  * seqused_k: optional int32 [B]: only the first seqused_k[b] keys of sequence b are used
  * block_table: optional int32 [B, max_blocks]: key row j of sequence b lives in
  *   page block_table[b][j / page_size] at row j % page_size (paged KV, chunked prefill);
- *   the key length of b is still cu_seqlens_k[b+1] - cu_seqlens_k[b]
+ *   the key length of b is still cu_seqlens_k[b+1] - cu_seqlens_k[b]; any
+ *   page_size >= 1 (flash_attn needs multiples of 256), on every backend
  * out: [total_q, H, D]  softmax_lse: optional fp32 [H, total_q]
  * alibi_slopes: optional fp32 [H] or [B, H]
  * attn_probs: optional fp32 [B, H, max_seqlen_q, max_seqlen_k] (rows/cols past a
@@ -320,7 +324,12 @@ FLASHC_API flashc_status flashc_varlen_bwd_workspace_size(const flashc_varlen_bw
  * alibi_slopes: optional fp32 [H] or [B, H]
  * out: [B, Sq, H, D]  softmax_lse: optional fp32 [B, H, Sq]
  * The keys of b are cache rows cache_leftpad[b] .. cache_seqlens[b] + S_new - 1;
- * masks are aligned to their bottom-right corner as in flashc_fwd(). */
+ * masks are aligned to their bottom-right corner as in flashc_fwd().
+ * With k_new, no two sequences may share an appended cache row (through
+ * cache_batch_idx or block_table): the rows are written concurrently on CUDA.
+ * On CUDA the cache's rows per sequence (S_c, or max_blocks * page_size) must be
+ * below 2^30; the append runs before the attention on params.stream, and the
+ * query heads of each KV head are processed together, each KV byte read once. */
 typedef struct flashc_kvcache_args {
     flashc_tensor q;
     flashc_tensor k_cache, v_cache;

@@ -16,12 +16,14 @@
  *      fill api.c's region, call the backend.
  * The *_workspace_size queries stop after step 2, flashc_fwd_supported after 1.
  *
- * api.c's region holds, for flashc_fwd_kvcache only, two int32 [B] arrays
- * that fc_kvcache points at: cache_seqlens (materialised, since the caller may
- * pass a scalar or nothing) and the total key lengths seqlens_k. The backend's
- * *_workspace functions are asked for their size before those arrays exist
- * (kc.cache_seqlens and kc.attn.seqlens_k are NULL then), so they must read
- * only shapes and max lengths (fc_seqlen_k falls back to max_seqlen_k).
+ * api.c's region holds, for flashc_fwd_kvcache on the CPU only, two int32 [B]
+ * arrays that fc_kvcache points at: cache_seqlens (materialised, since the
+ * caller may pass a scalar or nothing) and the total key lengths seqlens_k. The
+ * backend's *_workspace functions are asked for their size before those arrays
+ * exist (kc.cache_seqlens and kc.attn.seqlens_k are NULL then), so they must
+ * read only shapes and max lengths (fc_seqlen_k falls back to max_seqlen_k). On
+ * CUDA the values live in device memory: api.c has no region, and the backend
+ * reads the caller's cache_seqlens (kc.cache_seqlens_in) on the device.
  *
  * Messages start with the argument's name as spelled in the args struct or in
  * flashc_params, then its value and the reason: "k.shape[3]=128 but
@@ -409,8 +411,8 @@ static int fc_cuda_ready(void) {
 }
 
 /* The backend that runs a call of kind op whose tensors live on c->device. The
- * CUDA backend has forward kernels (launch.cu); its backward and decode kernels
- * come with issues 4 and 5. */
+ * CUDA backend has forward and decode kernels (launch.cu); its backward kernels
+ * come with issue 4. */
 static flashc_status fc_select_backend(const fc_ctx *c, fc_op op, flashc_backend want,
                                        flashc_backend *got) {
     const char *dev = fc_device_name(c->device);
@@ -435,10 +437,6 @@ static flashc_status fc_select_backend(const fc_ctx *c, fc_op op, flashc_backend
     if (op == FC_OP_BWD)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "%s.device=cuda but the CUDA backend has no backward kernels yet",
-                            c->device_of);
-    if (op == FC_OP_KVCACHE)
-        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "%s.device=cuda but the CUDA backend has no kvcache kernels yet",
                             c->device_of);
     *got = b;
     return FLASHC_OK;
@@ -706,12 +704,7 @@ static flashc_status fc_check_kvcache_values(const fc_ctx *c, const flashc_kvcac
         if (!x->cache_seqlens.data) snprintf(name, sizeof name, "the cache length");
         else if (x->cache_seqlens.ndim == 0) snprintf(name, sizeof name, "cache_seqlens");
         else snprintf(name, sizeof name, "cache_seqlens[%lld]", bb);
-        if (!x->cache_seqlens.data) {
-            FC_CHECK_ARG(s_new == 0,
-                         "k_new.shape[1]=%lld but cache_seqlens is absent, so the cache of %lld rows "
-                         "(%s) is full",
-                         (long long)s_new, (long long)cap, cap_src);
-        } else {
+        if (x->cache_seqlens.data) {
             FC_CHECK_ARG(used >= 0, "%s=%lld but must be >= 0", name, (long long)used);
             FC_CHECK_ARG(used + s_new <= cap,
                          "%s=%lld plus k_new.shape[1]=%lld new rows exceeds the cache: %s=%lld rows",
@@ -805,6 +798,15 @@ static flashc_status fc_prepare_kvcache(const flashc_kvcache_args *x, const flas
     fc_attn *a = &kc->attn;
     fc_resolve_options(a, p, c.D);
     call->kv_capacity = paged ? x->block_table.shape[1] * x->k_cache.shape[1] : x->k_cache.shape[1];
+    /* shapes only, so on every device: without cache_seqlens every row is in use */
+    if (!x->cache_seqlens.data && x->k_new.data && c.B.n > 0)
+        FC_CHECK_ARG(x->k_new.shape[1] == 0,
+                     "k_new.shape[1]=%lld but cache_seqlens is absent, so the cache of %lld rows "
+                     "(%s) is full",
+                     (long long)x->k_new.shape[1], (long long)call->kv_capacity,
+                     paged ? "block_table.shape[1] * page_size" : "k_cache.shape[1]");
+    /* device values are not read: the capacity bounds every key length */
+    a->max_seqlen_k = call->kv_capacity;
     if (c.device == FLASHC_DEVICE_CPU) FC_TRY(fc_check_kvcache_values(&c, x, call, &a->max_seqlen_k));
     FC_TRY(fc_select_backend(&c, FC_OP_KVCACHE, p->backend, &call->backend));
 
@@ -817,6 +819,7 @@ static flashc_status fc_prepare_kvcache(const flashc_kvcache_args *x, const flas
     a->head_dim = c.D;
     a->dtype = x->q.dtype;
     a->max_seqlen_q = x->q.shape[1];
+    a->total_k = x->k_cache.shape[0];
     if (paged) {
         a->block_table = (const int32_t *)x->block_table.data;
         a->bt_stride = x->block_table.stride[0];
@@ -832,6 +835,9 @@ static flashc_status fc_prepare_kvcache(const flashc_kvcache_args *x, const flas
     kc->k_new = fc_view_of(&x->k_new);
     kc->v_new = fc_view_of(&x->v_new);
     kc->seqlen_new = x->k_new.data ? x->k_new.shape[1] : 0;
+    kc->cache_seqlens_in = (const int32_t *)x->cache_seqlens.data;
+    kc->cache_seqlens_in_stride = x->cache_seqlens.ndim == 0 ? 0 : x->cache_seqlens.stride[0];
+    kc->kv_capacity = call->kv_capacity;
     if (x->rotary_cos.data) {
         kc->rotary_cos = x->rotary_cos.data;
         kc->rotary_sin = x->rotary_sin.data;
@@ -880,6 +886,12 @@ static size_t fc_call_layout(const fc_call *call, size_t off[FC_WS_REGIONS]) {
         break;
     case FC_OP_BWD: sizes[FC_WS_BACKEND] = fc_cpu_bwd_workspace(&call->attn); break;
     case FC_OP_KVCACHE:
+#ifdef FLASHC_HAVE_CUDA
+        if (call->backend == FLASHC_BACKEND_CUDA) {
+            sizes[FC_WS_BACKEND] = fc_cuda_kvcache_workspace(&call->kc);
+            break;
+        }
+#endif
         sizes[FC_WS_API] = 2 * (size_t)call->kc.attn.batch * sizeof(int32_t);
         sizes[FC_WS_BACKEND] = fc_cpu_kvcache_workspace(&call->kc);
         break;
@@ -924,6 +936,12 @@ static flashc_status fc_run(fc_call *call, void *ws, size_t ws_bytes) {
         break;
     case FC_OP_BWD: s = fc_cpu_bwd(&call->attn, bws, bbytes); break;
     case FC_OP_KVCACHE:
+#ifdef FLASHC_HAVE_CUDA
+        if (call->backend == FLASHC_BACKEND_CUDA) {
+            s = fc_cuda_kvcache(&call->kc, bws, bbytes);
+            break;
+        }
+#endif
         if (call->kc.attn.batch > 0) fc_kv_fill(call, (int32_t *)(base + off[FC_WS_API]));
         s = fc_cpu_kvcache(&call->kc, bws, bbytes);
         break;

@@ -61,7 +61,8 @@ typedef struct fc_attn {
     int64_t kv_heads;     /* Hk: key/value heads, H % Hk == 0 */
     int64_t head_dim;     /* D */
     int64_t max_seqlen_q; /* batched: Sq; varlen: max_seqlen_q */
-    int64_t max_seqlen_k; /* batched: Sk; varlen: max_seqlen_k; kvcache: max over b of seqlen_k(b) */
+    int64_t max_seqlen_k; /* batched: Sk; varlen: max_seqlen_k; kvcache: max over b of seqlen_k(b)
+                             on the CPU, the cache capacity (a bound) on CUDA */
     flashc_dtype dtype;   /* of q, k, v, out, dout, dq, dk, dv */
 
     /* sequence layout. Query rows of sequence b: i in [0, seqlen_q(b)).
@@ -84,7 +85,9 @@ typedef struct fc_attn {
     int64_t page_size;          /* rows per page when paged */
     const int32_t *k_batch_idx; /* kvcache cache_batch_idx, or NULL */
     const int32_t *k_leftpad;   /* kvcache cache_leftpad, or NULL */
-    int64_t total_q, total_k;   /* varlen: q.shape[0], k.shape[0] (pages when paged); batched: 0 */
+    int64_t total_q, total_k;   /* varlen: q.shape[0], k.shape[0] (pages when paged);
+                                   kvcache: 0, k_cache.shape[0] (cache batches or pages);
+                                   batched: 0 */
 
     /* operands (ptr NULL when absent) */
     fc_view q, k, v, out;
@@ -225,7 +228,15 @@ typedef struct fc_kvcache {
     fc_attn attn;            /* q is the caller's q (not yet rotated) */
     fc_view k_new, v_new;    /* [B, S_new, Hk, D], ptr NULL when no append */
     int64_t seqlen_new;      /* S_new, 0 when no append */
-    const int32_t *cache_seqlens; /* [B] rows in use before the append (leftpad included) */
+    const int32_t *cache_seqlens; /* [B] rows in use before the append (leftpad included);
+                                     NULL on the CUDA backend, which reads the three below */
+    /* The caller's cache_seqlens as given, for a backend whose integer tensors
+     * live in device memory (api.c neither reads them nor fills the arrays
+     * above there): rows in use of b = cache_seqlens_in ?
+     * cache_seqlens_in[b * cache_seqlens_in_stride] : kv_capacity. */
+    const int32_t *cache_seqlens_in; /* NULL when the caller gave none */
+    int64_t cache_seqlens_in_stride; /* 0 for a rank-0 scalar */
+    int64_t kv_capacity;     /* rows per cache: S_c, or max_blocks * page_size */
     const void *rotary_cos, *rotary_sin; /* [S_ro, rotary_dim/2] or NULL */
     flashc_dtype rotary_dtype;
     int64_t rotary_dim;      /* even, <= D; 0 = no rotary */

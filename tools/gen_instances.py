@@ -13,6 +13,14 @@ dim needs. For each family F, head dim D and dtype it writes
                                              FC_F_FWD_HEADDIMS(X), the list
                                              launch.cu's switch is built from
 
+and likewise, from FC_SM80_DECODE_TILES in src/cuda/decode_traits.h, the decode
+kernel's instances:
+
+    src/cuda/sm80/inst/decode_d{D}_{bf16,fp16}.cu  sm80_decode_launch<D, T> and
+                                                  sm80_decode_ctas_per_sm<D, T>
+    src/cuda/sm80/inst/decode_instances.h         their extern declarations and
+                                                  FC_SM80_DECODE_HEADDIMS(X)
+
 Every output starts "generated; do not edit". Run from anywhere:
     python3 tools/gen_instances.py
 """
@@ -23,20 +31,22 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TRAITS = ROOT / "src" / "cuda" / "traits.h"
 FAMILIES = ["sm80", "sm90"]
+INST = ROOT / "src" / "cuda" / "sm80" / "inst"
 DTYPES = [("bf16", "__nv_bfloat16"), ("fp16", "__half")]
 HEADER = "// generated; do not edit. Written by tools/gen_instances.py from src/cuda/traits.h.\n"
 LAUNCH_ARGS = "const fc_cuda_fwd_params &, dim3, cudaStream_t"
 
 
-def head_dims(fam):
-    text = TRAITS.read_text()
-    table = f"FC_{fam.upper()}_FWD_TILES"
+def table_dims(path, table):
+    """The head dims (first column) of the X-macro table `table` in `path` (its
+    #define ends at a blank line or an #endif)."""
+    text = path.read_text()
     m = re.search(rf"#define {table}\(X\)(.*?)\n(\n|#endif)", text, re.S)
     if not m:
-        sys.exit(f"{TRAITS}: {table}(X) not found")
+        sys.exit(f"{path}: {table}(X) not found")
     dims = [int(d) for d in re.findall(r"X\(\s*(\d+)\s*,", m.group(1))]
     if not dims or dims != sorted(set(dims)):
-        sys.exit(f"{TRAITS}: head dims must be listed once each, ascending: {dims}")
+        sys.exit(f"{path}: head dims must be listed once each, ascending: {dims}")
     return dims
 
 
@@ -71,6 +81,60 @@ def instances_h(fam, dims):
     return "".join(out)
 
 
+DECODE_TRAITS = ROOT / "src" / "cuda" / "decode_traits.h"
+DECODE_HEADER = HEADER.replace("src/cuda/traits.h", "src/cuda/decode_traits.h")
+DECODE_FUNCS = [("cudaError_t", "sm80_decode_launch", "const fc_cuda_decode_params &, unsigned, cudaStream_t"),
+                ("cudaError_t", "sm80_decode_ctas_per_sm", "int *")]
+
+
+def decode_instance_file(d, ty):
+    lines = [DECODE_HEADER, '#include "../decode_kernel.cuh"\n', "\n"]
+    for ret, fn, args in DECODE_FUNCS:
+        lines.append(f"template {ret} {fn}<{d}, {ty}>({args});\n")
+    return "".join(lines)
+
+
+def decode_instances_h(dims):
+    out = [DECODE_HEADER,
+           "// The sm80 decode instances that exist, for launch.cu. A build trimmed with\n",
+           "// FLASHC_CUDA_HEADDIMS defines FC_SM80_DECODE_HD_<D>=0 for the head dims it leaves out.\n",
+           "#ifndef FLASHC_CUDA_SM80_DECODE_INSTANCES_H\n#define FLASHC_CUDA_SM80_DECODE_INSTANCES_H\n\n",
+           "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cuda_runtime.h>\n\n",
+           '#include "../../decode_params.h"\n\n']
+    for ret, fn, args in DECODE_FUNCS:
+        out.append(f"template <int D, typename T>\n{ret} {fn}({args});\n")
+    out.append("\n")
+    for d in dims:
+        out.append(f"#ifndef FC_SM80_DECODE_HD_{d}\n#define FC_SM80_DECODE_HD_{d} 1\n#endif\n")
+        out.append(f"#if FC_SM80_DECODE_HD_{d}\n#define FC_SM80_DECODE_HD_{d}_(X) X({d})\n")
+        for _, ty in DTYPES:
+            for ret, fn, args in DECODE_FUNCS:
+                out.append(f"extern template {ret} {fn}<{d}, {ty}>({args});\n")
+        out.append(f"#else\n#define FC_SM80_DECODE_HD_{d}_(X)\n#endif\n\n")
+    out.append("// X(D) for every compiled decode head dim, ascending\n")
+    out.append("#define FC_SM80_DECODE_HEADDIMS(X) " +
+               " ".join(f"FC_SM80_DECODE_HD_{d}_(X)" for d in dims) + "\n\n")
+    out.append("#endif  // FLASHC_CUDA_SM80_DECODE_INSTANCES_H\n")
+    return "".join(out)
+
+
+def write_instances(inst, prefix, dims, file_text, header, header_text):
+    """inst/{prefix}_d{D}_{dtype}.cu for each head dim and dtype, the header, and
+    no stale {prefix}_d*.cu."""
+    inst.mkdir(parents=True, exist_ok=True)
+    want = set()
+    for d in dims:
+        for name, ty in DTYPES:
+            path = inst / f"{prefix}_d{d}_{name}.cu"
+            want.add(path.name)
+            write(path, file_text(d, ty))
+    write(inst / header, header_text)
+    for stale in inst.glob(f"{prefix}_d*.cu"):
+        if stale.name not in want:
+            stale.unlink()
+            print(f"removed {stale.relative_to(ROOT)}")
+
+
 def write(path, text):
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
@@ -79,20 +143,13 @@ def write(path, text):
 
 def main():
     for fam in FAMILIES:
-        dims = head_dims(fam)
-        inst = ROOT / "src" / "cuda" / fam / "inst"
-        inst.mkdir(parents=True, exist_ok=True)
-        want = set()
-        for d in dims:
-            for name, ty in DTYPES:
-                path = inst / f"fwd_d{d}_{name}.cu"
-                want.add(path.name)
-                write(path, instance_file(fam, d, ty))
-        write(inst / "instances.h", instances_h(fam, dims))
-        for stale in inst.glob("fwd_d*.cu"):
-            if stale.name not in want:
-                stale.unlink()
-                print(f"removed {stale.relative_to(ROOT)}")
+        dims = table_dims(TRAITS, f"FC_{fam.upper()}_FWD_TILES")
+        write_instances(ROOT / "src" / "cuda" / fam / "inst", "fwd", dims,
+                        lambda d, ty, fam=fam: instance_file(fam, d, ty), "instances.h",
+                        instances_h(fam, dims))
+    dims = table_dims(DECODE_TRAITS, "FC_SM80_DECODE_TILES")
+    write_instances(INST, "decode", dims, decode_instance_file, "decode_instances.h",
+                    decode_instances_h(dims))
 
 
 if __name__ == "__main__":

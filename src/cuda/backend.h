@@ -29,6 +29,16 @@ size_t fc_cuda_fwd_workspace(const fc_attn *a);
 flashc_status fc_cuda_fwd_supported(const fc_attn *a);
 flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes);
 
+/* flashc_fwd_kvcache on device tensors (launch.cu, "the decode path"): the
+ * append of k_new / v_new (rotary first) and the rotary q, then the attention
+ * by the split-KV decode kernels, or by fc_cuda_fwd for layouts and query
+ * lengths they do not take. kc->cache_seqlens and kc->attn.seqlens_k are NULL:
+ * the lengths come from kc->cache_seqlens_in, read on the device. Asynchronous
+ * as fc_cuda_fwd; needs fc_cuda_kvcache_workspace(kc) bytes of device
+ * workspace (the split partials, the rotated q, the forward's own). */
+size_t fc_cuda_kvcache_workspace(const fc_kvcache *kc);
+flashc_status fc_cuda_kvcache(const fc_kvcache *kc, void *ws, size_t ws_bytes);
+
 #ifdef __cplusplus
 }
 #endif

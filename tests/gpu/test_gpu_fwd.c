@@ -20,17 +20,17 @@
  *   and a paged case with D not a multiple of 8;
  * - varlen with an empty query sequence and an empty key sequence, with and
  *   without causal, and with seqused_k;
- * - paged KV (varlen + block_table) with page sizes 1, 3 and 16;
+ * - paged KV (varlen + block_table) with page sizes 1, 3, 16, 48, 64 and 256;
  * - the dropout mask bit for bit: with Sk <= D and V = identity, out[i][j] is
  *   0 exactly where element (i, j) was dropped, so the GPU's mask is read off
  *   its output and compared with the sign pattern of attn_probs from the
  *   reference and from the CPU backend (same seed and offset; the offset
  *   carries into the counter's high word).
  *
- * Build: this file + tests/run.c, linked with flashc_static and cudart.
+ * Build: this file + gpu_helpers.c + tests/helpers.c + tests/run.c, linked with
+ * flashc_static and cudart.
  * Needs a CUDA device of compute capability >= 8.0; without one every case fails.
  */
-#include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,114 +39,8 @@
 #include "../../src/internal.h" /* fc_store */
 #include "../../src/reference.h"
 #include "../fc_test.h"
-
-// ---- device buffers ----
-
-/* Like FC_ASSERT_OK, but jumps to the case's `done:` so its buffers are freed. */
-#define GB_OK(expr)                                                                 \
-    do {                                                                            \
-        flashc_status gb_s_ = (expr);                                               \
-        if (gb_s_ != FLASHC_OK) {                                                   \
-            fc_test_fail(__FILE__, __LINE__, "%s: %s (%s)", #expr,                  \
-                         flashc_status_string(gb_s_), flashc_last_error());         \
-            goto done;                                                              \
-        }                                                                           \
-    } while (0)
-
-/* A host buffer and its device twin; one per tensor. */
-typedef struct {
-    void *h, *d;
-    size_t bytes;
-} gb_buf;
-
-typedef struct {
-    gb_buf b[16];
-    int n;
-    void *host[16];
-    int nhost;
-} gb_arena;
-
-static int gb_cuda_ok(cudaError_t e, const char *what) {
-    if (e == cudaSuccess) return 1;
-    fc_test_fail(__FILE__, __LINE__, "%s: %s", what, cudaGetErrorString(e));
-    return 0;
-}
-
-/* A buffer of `bytes` (host zeroed, device unset). NULL on failure (recorded). */
-static gb_buf *gb_new(gb_arena *a, size_t bytes) {
-    gb_buf *b = &a->b[a->n++];
-    b->bytes = bytes ? bytes : 16;
-    b->h = calloc(1, b->bytes);
-    b->d = NULL;
-    if (!b->h || !gb_cuda_ok(cudaMalloc(&b->d, b->bytes), "cudaMalloc")) return NULL;
-    return b;
-}
-
-static int gb_upload(const gb_buf *b) {
-    return gb_cuda_ok(cudaMemcpy(b->d, b->h, b->bytes, cudaMemcpyHostToDevice), "upload");
-}
-
-static int gb_download(const gb_buf *b) {
-    return gb_cuda_ok(cudaMemcpy(b->h, b->d, b->bytes, cudaMemcpyDeviceToHost), "download");
-}
-
-/* NaN in every float dtype: 0xffff (bf16, fp16), 0xffffffff (fp32). */
-static int gb_poison(const gb_buf *b) {
-    return gb_cuda_ok(cudaMemset(b->d, 0xff, b->bytes), "poison");
-}
-
-static double *gb_dbl(gb_arena *a, int64_t n) {
-    double *p = (double *)malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
-    a->host[a->nhost++] = p;
-    return p;
-}
-
-static void gb_free(gb_arena *a) {
-    for (int i = 0; i < a->n; i++) {
-        free(a->b[i].h);
-        if (a->b[i].d) cudaFree(a->b[i].d);
-    }
-    for (int i = 0; i < a->nhost; i++) free(a->host[i]);
-    a->n = a->nhost = 0;
-}
-
-/* A view of buffer b (host or device side) at element offset off. */
-static flashc_tensor gb_view(const gb_buf *b, int dev, flashc_dtype dt, int64_t off, int ndim,
-                             const int64_t *shape, const int64_t *stride) {
-    flashc_tensor t;
-    memset(&t, 0, sizeof t);
-    t.data = (char *)(dev ? b->d : b->h) + off * (int64_t)flashc_dtype_size(dt);
-    t.dtype = dt;
-    t.ndim = ndim;
-    for (int i = 0; i < ndim; i++) {
-        t.shape[i] = shape[i];
-        t.stride[i] = stride[i];
-    }
-    t.device = dev ? FLASHC_DEVICE_CUDA : FLASHC_DEVICE_CPU;
-    return t;
-}
-
-static void gb_contig_strides(int ndim, const int64_t *shape, int64_t *stride) {
-    int64_t s = 1;
-    for (int i = ndim - 1; i >= 0; i--) {
-        stride[i] = s;
-        s *= shape[i];
-    }
-}
-
-static void gb_fill(gb_buf *b, flashc_dtype dt, double lo, double hi) {
-    fc_fill_random(b->h, dt, (int64_t)(b->bytes / flashc_dtype_size(dt)), lo, hi);
-}
-
-/* Run the call on the device and wait for it; 1 on success. */
-static int gb_sync(void) { return gb_cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
-
-/* A device workspace for `bytes` (NULL for 0). */
-static void *gb_ws(gb_arena *a, size_t bytes) {
-    if (!bytes) return NULL;
-    gb_buf *b = gb_new(a, bytes);
-    return b ? b->d : NULL;
-}
+#include "../helpers.h" /* th_shuffle */
+#include "gpu_helpers.h"
 
 // ---- the batched sweep ----
 
@@ -456,13 +350,7 @@ static void gpu_run_varlen(const void *param) {
     if (btb) {
         /* a random permutation of the pages, so neighbours are far apart */
         int32_t *perm = (int32_t *)malloc((size_t)nblocks * sizeof(int32_t));
-        for (int64_t i = 0; i < nblocks; i++) perm[i] = (int32_t)i;
-        for (int64_t i = nblocks - 1; i > 0; i--) {
-            int64_t j = (int64_t)(fc_rand_u64() % (uint64_t)(i + 1));
-            int32_t t = perm[i];
-            perm[i] = perm[j];
-            perm[j] = t;
-        }
+        th_shuffle(perm, nblocks);
         memcpy(btb->h, perm, (size_t)(GV_B * max_blocks) * sizeof(int32_t));
         free(perm);
     }
@@ -542,6 +430,10 @@ FC_TEST_REGISTER(gpu_fwd_varlen) {
     gpu_add_varlen("gpu_paged_bf16_d128_page16", (gpu_varlen_case){bf, 128, 4, 2, 0, 0, 16});
     gpu_add_varlen("gpu_paged_fp16_d64_page3_causal", (gpu_varlen_case){fp, 64, 2, 1, 1, 0, 3});
     gpu_add_varlen("gpu_paged_bf16_d32_page1_seqused", (gpu_varlen_case){bf, 32, 2, 2, 0, 1, 1});
+    /* chunked prefill: cached prefixes of 8 to 60 keys before the query chunk */
+    gpu_add_varlen("gpu_paged_fp16_d64_page48_causal", (gpu_varlen_case){fp, 64, 4, 1, 1, 0, 48});
+    gpu_add_varlen("gpu_paged_bf16_d128_page64_causal", (gpu_varlen_case){bf, 128, 8, 2, 1, 0, 64});
+    gpu_add_varlen("gpu_paged_bf16_d128_page256_seqused", (gpu_varlen_case){bf, 128, 4, 4, 0, 1, 256});
     /* D not a multiple of 8: repacked through the workspace */
     gpu_add_varlen("gpu_varlen_pad_fp16_d36_causal", (gpu_varlen_case){fp, 36, 3, 1, 1, 0, 0});
     gpu_add_varlen("gpu_paged_pad_bf16_d100_page3_seqused", (gpu_varlen_case){bf, 100, 2, 1, 0, 1, 3});
