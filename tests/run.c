@@ -158,16 +158,24 @@ int fc_check_close(const char *what, flashc_dtype dt, const double *got, const d
     return 0;
 }
 
+/* Does the case name contain one of the filters (every case when there are none)? */
+static int fc_selected(const char *name, char **filters, int nfilters) {
+    if (nfilters == 0) return 1;
+    for (int i = 0; i < nfilters; i++)
+        if (strstr(name, filters[i])) return 1;
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    const char *filter = NULL;
-    int list = 0;
+    char **filters = argv + 1;  /* the name filters, compacted in place */
+    int nfilters = 0, list = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-l") == 0) list = 1;
-        else filter = argv[i];
+        else filters[nfilters++] = argv[i];
     }
     int passed = 0, failed = 0;
     for (int c = 0; c < fc_ncases; c++) {
-        if (filter && !strstr(fc_cases[c].name, filter)) continue;
+        if (!fc_selected(fc_cases[c].name, filters, nfilters)) continue;
         if (list) {
             printf("%s\n", fc_cases[c].name);
             continue;

@@ -14,6 +14,24 @@
 
 #include "../../common/philox.h"
 
+// The keep bits of query row i (within its sequence) for the 32 key columns
+// of the 8-key groups group0 .. group0 + 3 that this thread's quad holds in the
+// mma C layout: bit 8u + e of the result is set iff the element at column
+// 8 * (group0 + u) + 2t + e is kept (t = lane % 4; bh = b * H + h). All 4
+// threads of a quad must call it together (it shuffles within the quad).
+__device__ __forceinline__ uint32_t fc_dropout_keep4(uint64_t seed, uint64_t offset,
+                                                     uint32_t threshold, uint32_t bh, uint32_t i,
+                                                     uint64_t group0, int t) {
+    const fc_philox4 r = fc_dropout_group(seed, offset, bh, i, group0 + t);
+    uint32_t keep = 0;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) keep |= (uint32_t)(fc_dropout_word(r, w) >= threshold) << w;
+    keep <<= 8 * t;  // byte t = group group0 + t
+    keep |= __shfl_xor_sync(0xffffffffu, keep, 1);
+    keep |= __shfl_xor_sync(0xffffffffu, keep, 2);
+    return keep >> (2 * t);
+}
+
 // Zero the dropped probabilities of p. Thread element (mt, nt, 2hr + e) is query
 // row row0 + 16mt + 8hr (within its sequence) and key column 8 * (group0 + nt) +
 // 2t + e, t = lane % 4; bh = b * H + h. The kept ones are left unscaled (the
@@ -30,15 +48,8 @@ __device__ __forceinline__ void fc_dropout_apply(float (&p)[MT][NT][4], uint64_t
             const uint32_t i = (uint32_t)(row0 + 16 * mt + 8 * hr);
 #pragma unroll
             for (int q = 0; q < NT / 4; ++q) {
-                const fc_philox4 r = fc_dropout_group(seed, offset, bh, i, group0 + 4 * q + t);
-                uint32_t keep = 0;
-#pragma unroll
-                for (int w = 0; w < 8; ++w)
-                    keep |= (uint32_t)(fc_dropout_word(r, w) >= threshold) << w;
-                keep <<= 8 * t;  // byte t = group 4q + t
-                keep |= __shfl_xor_sync(0xffffffffu, keep, 1);
-                keep |= __shfl_xor_sync(0xffffffffu, keep, 2);
-                keep >>= 2 * t;  // bit 8u + e: column 2t + e of group 4q + u
+                const uint32_t keep =
+                    fc_dropout_keep4(seed, offset, threshold, bh, i, group0 + 4 * q, t);
 #pragma unroll
                 for (int u = 0; u < 4; ++u)
 #pragma unroll

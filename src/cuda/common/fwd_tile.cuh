@@ -14,7 +14,7 @@
 //                   (sm80: padded rows; sm90: the 128B swizzle of wgmma.cuh)
 //   fc_fwd_store_empty  out = 0 and lse = -inf for a tile with no visible key
 //   fc_fwd_tile_begin  the above, for the first lines of a kernel
-//   fc_fwd_launch_kernel  the host side of a launch (shared memory limit once)
+//   fc_launch_kernel  the host side of a launch (shared memory limit once)
 #ifndef FLASHC_CUDA_FWD_TILE_CUH
 #define FLASHC_CUDA_FWD_TILE_CUH
 
@@ -190,14 +190,13 @@ __device__ __forceinline__ void fc_load_kv_tile(const Ld &ld, uint32_t dst, uint
                                   p.k_s_batch, p.k_s_seq, j0, seq.kv);
 }
 
-// ---- launching a forward kernel ----
+// ---- launching a kernel (forward or backward) ----
 // Raise `kernel`'s dynamic shared memory limit to `smem` once per device (bit
-// d of *smem_set), then launch it on `stream`. Returns the launch's
-// cudaError_t; never synchronises.
-template <typename Kernel>
-cudaError_t fc_fwd_launch_kernel(Kernel kernel, std::atomic<uint64_t> *smem_set, int smem,
-                                 int threads, dim3 grid, cudaStream_t stream,
-                                 const fc_cuda_fwd_params &p) {
+// d of *smem_set), then launch it on `stream` with the argument struct p.
+// Returns the launch's cudaError_t; never synchronises.
+template <typename Kernel, typename Params>
+cudaError_t fc_launch_kernel(Kernel kernel, std::atomic<uint64_t> *smem_set, int smem, int threads,
+                             dim3 grid, cudaStream_t stream, const Params &p) {
     if (smem > 48 * 1024) {
         int dev = 0;
         cudaError_t e = cudaGetDevice(&dev);

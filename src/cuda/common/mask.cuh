@@ -97,6 +97,10 @@ struct fc_mask {
 // Softcap: x = tanh(q.k * scale / softcap), computed as 1 - 2 / (2^(q.k * pre) + 1)
 // with pre = 2 * log2(e) * scale / softcap from the host: absolute error ~1e-7
 // (tanh.approx's 2^-11 would be visible next to an fp16 baseline).
+__device__ __forceinline__ float fc_softcap1(float qk, float pre) {
+    return 1.0f - 2.0f * fc_rcp(fc_exp2(qk * pre) + 1.0f);
+}
+
 template <int MT, int NT>
 __device__ __forceinline__ void fc_softcap(float (&s)[MT][NT][4], float pre) {
 #pragma unroll
@@ -104,8 +108,7 @@ __device__ __forceinline__ void fc_softcap(float (&s)[MT][NT][4], float pre) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                s[mt][nt][e] = 1.0f - 2.0f * fc_rcp(fc_exp2(s[mt][nt][e] * pre) + 1.0f);
+            for (int e = 0; e < 4; ++e) s[mt][nt][e] = fc_softcap1(s[mt][nt][e], pre);
 }
 
 #endif  // FLASHC_CUDA_MASK_CUH
