@@ -44,9 +44,12 @@
  *   On the CPU their values are validated; on a CUDA device they are not read
  *   on the host (that would synchronise), so the caller answers for them.
  * - params == NULL means flashc_params_default(); args == NULL is an error.
- * - The CUDA backend runs the forward (flashc_fwd, flashc_varlen_fwd) and
- *   flashc_fwd_kvcache for fp16 and bf16; its backward calls return
- *   FLASHC_ERR_UNSUPPORTED.
+ * - The CUDA backend runs every entry point for fp16 and bf16 (fp32 and
+ *   attn_probs are CPU-only). Its backward keeps an fp32 dQ accumulator and
+ *   per-row scratch in the workspace (4 * H * (rows + 128 per sequence) * D
+ *   bytes and a little more): size it with flashc_bwd_workspace_size.
+ *   params.deterministic = 1 orders the dQ additions across key blocks (a
+ *   turn counter per query block), at a cost in speed (bench/NOTES.md).
  */
 #ifndef FLASHC_H
 #define FLASHC_H

@@ -410,11 +410,9 @@ static int fc_cuda_ready(void) {
 #endif
 }
 
-/* The backend that runs a call of kind op whose tensors live on c->device. The
- * CUDA backend has forward and decode kernels (launch.cu); its backward kernels
- * come with issue 4. */
-static flashc_status fc_select_backend(const fc_ctx *c, fc_op op, flashc_backend want,
-                                       flashc_backend *got) {
+/* The backend that runs a call whose tensors live on c->device (every entry
+ * point runs on both backends). */
+static flashc_status fc_select_backend(const fc_ctx *c, flashc_backend want, flashc_backend *got) {
     const char *dev = fc_device_name(c->device);
     flashc_backend b = want;
     if (b == FLASHC_BACKEND_AUTO)
@@ -434,14 +432,9 @@ static flashc_status fc_select_backend(const fc_ctx *c, fc_op op, flashc_backend
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "%s.device=cuda but no CUDA device of compute capability >= 8.0 is usable",
                             c->device_of);
-    if (op == FC_OP_BWD)
-        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "%s.device=cuda but the CUDA backend has no backward kernels yet",
-                            c->device_of);
     *got = b;
     return FLASHC_OK;
 #else
-    (void)op;
     return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                         "%s.device=cuda but this build has no CUDA backend (flashc_cuda_compiled() = 0)",
                         c->device_of);
@@ -607,7 +600,7 @@ static flashc_status fc_prepare_attention(const fc_operands *o, const flashc_par
         if (o->block_table) FC_TRY(fc_check_block_table(&c, o->block_table));
         if (c.device == FLASHC_DEVICE_CPU) FC_TRY(fc_check_varlen_values(&c, o));
     }
-    FC_TRY(fc_select_backend(&c, op, p->backend, &call->backend));
+    FC_TRY(fc_select_backend(&c, p->backend, &call->backend));
 
     fc_attn *a = &call->attn;
     call->op = op;
@@ -808,7 +801,7 @@ static flashc_status fc_prepare_kvcache(const flashc_kvcache_args *x, const flas
     /* device values are not read: the capacity bounds every key length */
     a->max_seqlen_k = call->kv_capacity;
     if (c.device == FLASHC_DEVICE_CPU) FC_TRY(fc_check_kvcache_values(&c, x, call, &a->max_seqlen_k));
-    FC_TRY(fc_select_backend(&c, FC_OP_KVCACHE, p->backend, &call->backend));
+    FC_TRY(fc_select_backend(&c, p->backend, &call->backend));
 
     call->op = FC_OP_KVCACHE;
     call->device = c.device;
@@ -884,7 +877,15 @@ static size_t fc_call_layout(const fc_call *call, size_t off[FC_WS_REGIONS]) {
 #endif
         sizes[FC_WS_BACKEND] = fc_cpu_fwd_workspace(&call->attn);
         break;
-    case FC_OP_BWD: sizes[FC_WS_BACKEND] = fc_cpu_bwd_workspace(&call->attn); break;
+    case FC_OP_BWD:
+#ifdef FLASHC_HAVE_CUDA
+        if (call->backend == FLASHC_BACKEND_CUDA) {
+            sizes[FC_WS_BACKEND] = fc_cuda_bwd_workspace(&call->attn);
+            break;
+        }
+#endif
+        sizes[FC_WS_BACKEND] = fc_cpu_bwd_workspace(&call->attn);
+        break;
     case FC_OP_KVCACHE:
 #ifdef FLASHC_HAVE_CUDA
         if (call->backend == FLASHC_BACKEND_CUDA) {
@@ -934,7 +935,15 @@ static flashc_status fc_run(fc_call *call, void *ws, size_t ws_bytes) {
 #endif
         s = fc_cpu_fwd(&call->attn, bws, bbytes);
         break;
-    case FC_OP_BWD: s = fc_cpu_bwd(&call->attn, bws, bbytes); break;
+    case FC_OP_BWD:
+#ifdef FLASHC_HAVE_CUDA
+        if (call->backend == FLASHC_BACKEND_CUDA) {
+            s = fc_cuda_bwd(&call->attn, bws, bbytes);
+            break;
+        }
+#endif
+        s = fc_cpu_bwd(&call->attn, bws, bbytes);
+        break;
     case FC_OP_KVCACHE:
 #ifdef FLASHC_HAVE_CUDA
         if (call->backend == FLASHC_BACKEND_CUDA) {

@@ -13,6 +13,12 @@ dim needs. For each family F, head dim D and dtype it writes
                                              FC_F_FWD_HEADDIMS(X), the list
                                              launch.cu's switch is built from
 
+and from FC_SM80_BWD_TILES in src/cuda/traits.h the backward's:
+
+    src/cuda/sm80/inst/bwd_d{D}_{bf16,fp16}.cu     sm80_bwd_launch<D, T, causal>
+    src/cuda/sm80/inst/bwd_instances.h             their extern declarations and
+                                                  FC_SM80_BWD_HEADDIMS(X)
+
 and likewise, from FC_SM80_DECODE_TILES in src/cuda/decode_traits.h, the decode
 kernel's instances:
 
@@ -50,35 +56,45 @@ def table_dims(path, table):
     return dims
 
 
-def instance_file(fam, d, ty):
-    lines = [HEADER, '#include "../fwd_kernel.cuh"\n', "\n"]
+def instance_file(fam, d, ty, dir_="fwd", args=LAUNCH_ARGS):
+    lines = [HEADER, f'#include "../{dir_}_kernel.cuh"\n', "\n"]
     for causal in ("false", "true"):
-        lines.append(f"template cudaError_t {fam}_fwd_launch<{d}, {ty}, {causal}>({LAUNCH_ARGS});\n")
+        lines.append(f"template cudaError_t {fam}_{dir_}_launch<{d}, {ty}, {causal}>({args});\n")
     return "".join(lines)
 
 
-def instances_h(fam, dims):
+def instances_h(fam, dims, dir_="fwd", args=LAUNCH_ARGS, params=("params.h", "fc_cuda_fwd_params")):
+    """The extern declarations of the {fam}_{dir_}_launch instances and the
+    FC_{FAM}[_BWD]_..._HEADDIMS(X) list; fwd instances are trimmed by
+    FC_{FAM}_HD_<D>, bwd ones by FC_{FAM}_BWD_HD_<D>."""
     F = fam.upper()
+    T = F if dir_ == "fwd" else f"{F}_BWD"  # prefix of the trim macros
+    guard = f"FLASHC_CUDA_{F}_{'' if dir_ == 'fwd' else 'BWD_'}INSTANCES_H"
+    what = "forward" if dir_ == "fwd" else "backward"
     out = [HEADER,
-           f"// The {fam} forward instances that exist, for launch.cu. A build trimmed with\n",
-           f"// FLASHC_CUDA_HEADDIMS (or without the family's arch) defines FC_{F}_HD_<D>=0\n",
+           f"// The {fam} {what} instances that exist, for launch.cu. A build trimmed with\n",
+           f"// FLASHC_CUDA_HEADDIMS (or without the family's arch) defines FC_{T}_HD_<D>=0\n",
            "// for the head dims it leaves out.\n",
-           f"#ifndef FLASHC_CUDA_{F}_INSTANCES_H\n#define FLASHC_CUDA_{F}_INSTANCES_H\n\n",
+           f"#ifndef {guard}\n#define {guard}\n\n",
            "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cuda_runtime.h>\n\n",
-           '#include "../../params.h"\n\n',
+           f'#include "../../{params[0]}"\n\n',
            "template <int D, typename T, bool kCausal>\n",
-           f"cudaError_t {fam}_fwd_launch(const fc_cuda_fwd_params &p, dim3 grid, cudaStream_t stream);\n\n"]
+           f"cudaError_t {fam}_{dir_}_launch(const {params[1]} &p, dim3 grid, cudaStream_t stream);\n\n"]
+    lst = "FWD" if dir_ == "fwd" else "BWD"
     for d in dims:
-        out.append(f"#ifndef FC_{F}_HD_{d}\n#define FC_{F}_HD_{d} 1\n#endif\n")
-        out.append(f"#if FC_{F}_HD_{d}\n#define FC_{F}_FWD_HD_{d}_(X) X({d})\n")
+        out.append(f"#ifndef FC_{T}_HD_{d}\n#define FC_{T}_HD_{d} 1\n#endif\n")
+        out.append(f"#if FC_{T}_HD_{d}\n#define FC_{F}_{lst}_HD_{d}_(X) X({d})\n")
         for _, ty in DTYPES:
             for causal in ("false", "true"):
-                out.append(f"extern template cudaError_t {fam}_fwd_launch<{d}, {ty}, {causal}>({LAUNCH_ARGS});\n")
-        out.append(f"#else\n#define FC_{F}_FWD_HD_{d}_(X)\n#endif\n\n")
+                out.append(f"extern template cudaError_t {fam}_{dir_}_launch<{d}, {ty}, {causal}>({args});\n")
+        out.append(f"#else\n#define FC_{F}_{lst}_HD_{d}_(X)\n#endif\n\n")
     out.append("// X(D) for every compiled head dim, ascending\n")
-    out.append(f"#define FC_{F}_FWD_HEADDIMS(X) " + " ".join(f"FC_{F}_FWD_HD_{d}_(X)" for d in dims) + "\n\n")
-    out.append(f"#endif  // FLASHC_CUDA_{F}_INSTANCES_H\n")
+    out.append(f"#define FC_{F}_{lst}_HEADDIMS(X) " + " ".join(f"FC_{F}_{lst}_HD_{d}_(X)" for d in dims) + "\n\n")
+    out.append(f"#endif  // {guard}\n")
     return "".join(out)
+
+
+BWD_ARGS = "const fc_cuda_bwd_params &, dim3, cudaStream_t"
 
 
 DECODE_TRAITS = ROOT / "src" / "cuda" / "decode_traits.h"
@@ -147,6 +163,10 @@ def main():
         write_instances(ROOT / "src" / "cuda" / fam / "inst", "fwd", dims,
                         lambda d, ty, fam=fam: instance_file(fam, d, ty), "instances.h",
                         instances_h(fam, dims))
+    dims = table_dims(TRAITS, "FC_SM80_BWD_TILES")
+    write_instances(INST, "bwd", dims,
+                    lambda d, ty: instance_file("sm80", d, ty, "bwd", BWD_ARGS), "bwd_instances.h",
+                    instances_h("sm80", dims, "bwd", BWD_ARGS, ("bwd_params.h", "fc_cuda_bwd_params")))
     dims = table_dims(DECODE_TRAITS, "FC_SM80_DECODE_TILES")
     write_instances(INST, "decode", dims, decode_instance_file, "decode_instances.h",
                     decode_instances_h(dims))

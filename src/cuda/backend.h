@@ -29,6 +29,13 @@ size_t fc_cuda_fwd_workspace(const fc_attn *a);
 flashc_status fc_cuda_fwd_supported(const fc_attn *a);
 flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes);
 
+/* The backward on device tensors (launch.cu): as fc_cuda_fwd, for a problem
+ * with dout, dq, dk, dv set. Asynchronous; needs fc_cuda_bwd_workspace(a)
+ * bytes of device workspace (the fp32 dQ accumulator, per-row scratch, the
+ * repacked operands, the deterministic mode's counters). */
+size_t fc_cuda_bwd_workspace(const fc_attn *a);
+flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes);
+
 /* flashc_fwd_kvcache on device tensors (launch.cu, "the decode path"): the
  * append of k_new / v_new (rotary first) and the rotary q, then the attention
  * by the split-KV decode kernels, or by fc_cuda_fwd for layouts and query

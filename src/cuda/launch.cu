@@ -27,6 +27,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+
+#include <initializer_list>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,25 +59,35 @@ static bool fc_cuda_view_direct(const fc_view *v, int64_t d) {
            v->s_seq % 8 == 0 && v->s_head % 8 == 0;
 }
 
-enum { FC_PACK_Q, FC_PACK_K, FC_PACK_V, FC_PACK_OUT, FC_PACK_N };
+// The operands a call may repack: the forward's q, k, v, out, and the
+// backward's dout, dk, dv besides.
+enum { FC_PACK_Q, FC_PACK_K, FC_PACK_V, FC_PACK_OUT, FC_PACK_DOUT, FC_PACK_DK, FC_PACK_DV, FC_PACK_N };
+static const bool kFcPackIsKv[FC_PACK_N] = {false, true, true, false, false, true, true};
 
 // Which operands go through the workspace, their index spaces and its carving.
 typedef struct {
     int64_t dp;                      // D rounded up to 8: the packed row length
-    bool packed[FC_PACK_N];          // q, k, v, out
+    bool packed[FC_PACK_N];          // the operands in enum order (false: in place or absent)
     fc_cuda_pack_dims dims[FC_PACK_N];
     size_t off[FC_PACK_N];           // region offsets in the workspace
     size_t bytes;                    // the workspace needed (0: none)
 } fc_cuda_pack_plan;
 
-static fc_cuda_pack_plan fc_cuda_pack_layout(const fc_attn *a) {
+// The operand views of *a in enum order (the backward's absent in a forward).
+static void fc_cuda_pack_views(const fc_attn *a, const fc_view *v[FC_PACK_N]) {
+    v[FC_PACK_Q] = &a->q, v[FC_PACK_K] = &a->k, v[FC_PACK_V] = &a->v, v[FC_PACK_OUT] = &a->out;
+    v[FC_PACK_DOUT] = &a->dout, v[FC_PACK_DK] = &a->dk, v[FC_PACK_DV] = &a->dv;
+}
+
+// The plan for the first n operands of the enum (the forward's 4, the backward's all).
+static fc_cuda_pack_plan fc_cuda_pack_layout(const fc_attn *a, int n) {
     fc_cuda_pack_plan pk = {};
     pk.dp = (a->head_dim + 7) / 8 * 8;
     const bool varlen = a->cu_seqlens_q != NULL;
-    // q, out: batched [B, Sq], varlen [1, total_q]
+    // q-likes: batched [B, Sq], varlen [1, total_q]
     const fc_cuda_pack_dims qd = {varlen ? 1 : a->batch, varlen ? a->total_q : a->max_seqlen_q,
                                   a->heads};
-    // k, v: batched [B, Sk], varlen [1, total_k], paged [pages, page_size], a
+    // k-likes: batched [B, Sk], varlen [1, total_k], paged [pages, page_size], a
     // kvcache read through k_batch_idx [cache batches (total_k), Sk]
     const fc_cuda_pack_dims kd = {a->block_table || a->k_batch_idx ? a->total_k
                                   : varlen                        ? 1
@@ -84,16 +96,63 @@ static fc_cuda_pack_plan fc_cuda_pack_layout(const fc_attn *a) {
                                   : varlen       ? a->total_k
                                                  : a->max_seqlen_k,
                                   a->kv_heads};
-    const fc_view *const views[FC_PACK_N] = {&a->q, &a->k, &a->v, &a->out};
+    const fc_view *views[FC_PACK_N];
+    fc_cuda_pack_views(a, views);
     size_t sizes[FC_PACK_N];
     const bool empty = a->batch == 0 || a->heads == 0 || a->max_seqlen_q == 0;
     for (int i = 0; i < FC_PACK_N; i++) {
-        pk.dims[i] = i == FC_PACK_K || i == FC_PACK_V ? kd : qd;
-        pk.packed[i] = !empty && !fc_cuda_view_direct(views[i], a->head_dim);
+        pk.dims[i] = kFcPackIsKv[i] ? kd : qd;
+        pk.packed[i] = !empty && i < n && !fc_cuda_view_direct(views[i], a->head_dim);
         sizes[i] = pk.packed[i] ? (size_t)fc_cuda_pack_elems(pk.dims[i], pk.dp) * 2 : 0;
     }
     pk.bytes = fc_ws_layout(FC_PACK_N, sizes, pk.off);
     return pk;
+}
+
+// *a with every packed operand replaced by its dense copy in ws: the inputs
+// are copied there on stream, the outputs (operands in `outs`) are copied back
+// by fc_cuda_pack_finish.
+static cudaError_t fc_cuda_pack_start(const fc_attn *a, const fc_cuda_pack_plan &pk, void *ws,
+                                      std::initializer_list<int> outs, cudaStream_t stream,
+                                      fc_attn *packed) {
+    *packed = *a;
+    const fc_view *src[FC_PACK_N];
+    fc_cuda_pack_views(a, src);
+    fc_view *dst[FC_PACK_N] = {&packed->q,    &packed->k,  &packed->v, &packed->out,
+                               &packed->dout, &packed->dk, &packed->dv};
+    for (int i = 0; i < FC_PACK_N; i++) {
+        if (!pk.packed[i]) continue;
+        const fc_cuda_pack_dims &e = pk.dims[i];
+        void *buf = (char *)ws + pk.off[i];
+        // dense [n0, n1, heads, dp]; varlen rows by token index (s_batch 0)
+        const int64_t s_head = pk.dp, s_seq = e.heads * pk.dp;
+        const bool paged_kv = kFcPackIsKv[i] && a->block_table;
+        const int64_t s_batch = a->cu_seqlens_q && !paged_kv ? 0 : e.n1 * s_seq;
+        bool output = false;
+        for (int o : outs) output = output || o == i;
+        if (!output) {
+            const cudaError_t err = fc_cuda_pack(buf, *src[i], e, a->head_dim, pk.dp, stream);
+            if (err != cudaSuccess) return err;
+        }
+        *dst[i] = fc_view{buf, s_batch, s_seq, s_head};
+    }
+    return cudaSuccess;
+}
+
+// Copy the packed outputs among `outs` back into the caller's views.
+static cudaError_t fc_cuda_pack_finish(const fc_attn *a, const fc_cuda_pack_plan &pk, void *ws,
+                                       std::initializer_list<int> outs, cudaStream_t stream) {
+    const fc_view *views[FC_PACK_N];
+    fc_cuda_pack_views(a, views);
+    for (int i : outs) {
+        if (!pk.packed[i]) continue;
+        // dk, dv rows past cu_seqlens_k[B] belong to no sequence (q-likes: cu_seqlens_q)
+        const int32_t *cu = kFcPackIsKv[i] ? a->cu_seqlens_k : a->cu_seqlens_q;
+        const cudaError_t err = fc_cuda_unpack(*views[i], (char *)ws + pk.off[i], pk.dims[i],
+                                               a->head_dim, pk.dp, cu, a->batch, stream);
+        if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
 }
 
 // ---- the instances ----
@@ -265,7 +324,7 @@ static fc_cuda_fwd_params fc_cuda_fwd_make_params(const fc_attn *a) {
 }
 
 extern "C" size_t fc_cuda_fwd_workspace(const fc_attn *a) {
-    return fc_cuda_pack_layout(a).bytes;
+    return fc_cuda_pack_layout(a, FC_PACK_DOUT).bytes;
 }
 
 extern "C" flashc_status fc_cuda_fwd_supported(const fc_attn *a) {
@@ -277,41 +336,16 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
     fc_cuda_fwd_plan plan;
     FC_TRY(fc_cuda_fwd_check(a, &plan));
     if (plan.empty) return FLASHC_OK;
-    fc_cuda_fwd_params p = fc_cuda_fwd_make_params(a);
     const cudaStream_t stream = (cudaStream_t)a->stream;
 
     // ---- repack what the kernels cannot read in place ----
-    const fc_cuda_pack_plan pk = fc_cuda_pack_layout(a);
+    const fc_cuda_pack_plan pk = fc_cuda_pack_layout(a, FC_PACK_DOUT);
     if (ws_bytes < pk.bytes || (pk.bytes && !ws))
         return fc_set_error(FLASHC_ERR_WORKSPACE_TOO_SMALL,
                             "workspace_bytes=%zu but %zu are needed", ws_bytes, pk.bytes);
-    const fc_view *const views[FC_PACK_N] = {&a->q, &a->k, &a->v, &a->out};
-    void *buf[FC_PACK_N] = {};
-    for (int i = 0; i < FC_PACK_N; i++) {
-        if (!pk.packed[i]) continue;
-        buf[i] = (char *)ws + pk.off[i];
-        const fc_cuda_pack_dims &e = pk.dims[i];
-        // dense [n0, n1, heads, dp]; varlen rows by token index (s_batch 0)
-        const bool kv = i == FC_PACK_K || i == FC_PACK_V;
-        const int64_t s_head = pk.dp, s_seq = e.heads * pk.dp;
-        const int64_t s_batch = a->cu_seqlens_q && !(kv && a->block_table) ? 0 : e.n1 * s_seq;
-        if (i != FC_PACK_OUT)
-            FC_CUDA_TRY(fc_cuda_pack(buf[i], *views[i], e, a->head_dim, pk.dp, stream));
-        switch (i) {
-        case FC_PACK_Q:
-            p.q = buf[i], p.q_s_batch = s_batch, p.q_s_seq = s_seq, p.q_s_head = s_head;
-            break;
-        case FC_PACK_K:
-            p.k = buf[i], p.k_s_batch = s_batch, p.k_s_seq = s_seq, p.k_s_head = s_head;
-            break;
-        case FC_PACK_V:
-            p.v = buf[i], p.v_s_batch = s_batch, p.v_s_seq = s_seq, p.v_s_head = s_head;
-            break;
-        default:
-            p.o = buf[i], p.o_s_batch = s_batch, p.o_s_seq = s_seq, p.o_s_head = s_head;
-            break;
-        }
-    }
+    fc_attn packed;
+    FC_CUDA_TRY(fc_cuda_pack_start(a, pk, ws, {FC_PACK_OUT}, stream, &packed));
+    fc_cuda_fwd_params p = fc_cuda_fwd_make_params(&packed);
     p.head_dim = (int32_t)pk.dp;
 
     // ---- dispatch: one switch over the family's compiled head dims ----
@@ -342,9 +376,209 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
         return fc_set_error(FLASHC_ERR_CUDA, "sm%d_fwd_kernel<D=%d, %s, causal=%d> launch: %s",
                             plan.family, plan.dim, bf16 ? "bf16" : "fp16", (int)plan.causal,
                             cudaGetErrorString(e));
-    if (pk.packed[FC_PACK_OUT])
-        FC_CUDA_TRY(fc_cuda_unpack(a->out, buf[FC_PACK_OUT], pk.dims[FC_PACK_OUT], a->head_dim,
-                                   pk.dp, a->cu_seqlens_q, a->batch, stream));
+    FC_CUDA_TRY(fc_cuda_pack_finish(a, pk, ws, {FC_PACK_OUT}, stream));
+    return FLASHC_OK;
+}
+
+// ---- the backward ----
+// fc_cuda_bwd(a) runs on a->stream, in order: the repack of operands the
+// kernels cannot read in place (as the forward), fc_bwd_pre_kernel (delta,
+// lse2, dq_accum zeroed; common/bwd_prep.cuh), the main kernel
+// (sm80/bwd_kernel.cuh, one CTA per (key block, kv head, sequence)),
+// fc_bwd_dq_kernel (dq = dq_accum * scale), the copy-back of packed dk, dv.
+// With params.deterministic the main kernel's turn counters are zeroed first.
+// Scratch (bwd_params.h) comes from the workspace: lse2 and delta [H][rows],
+// dq_accum [H][rows][dp] fp32, the counters [H][rows / Br] int32.
+#include "bwd_params.h"
+#include "common/bwd_prep.cuh"
+#include "sm80/inst/bwd_instances.h"
+
+// Smallest compiled backward head dim >= d, or 0.
+static int fc_bwd_dim(int64_t d) {
+#define FC_DIM_(D) \
+    if (d <= D) return D;
+    FC_SM80_BWD_HEADDIMS(FC_DIM_)
+#undef FC_DIM_
+    return 0;
+}
+
+// Largest compiled backward head dim.
+static int fc_bwd_max_dim(void) {
+    int m = 0;
+#define FC_MAX_(D) m = D;
+    FC_SM80_BWD_HEADDIMS(FC_MAX_)
+#undef FC_MAX_
+    return m;
+}
+
+// Tile (Br, Bc) and shared memory of the backward instance for head dim `dim`.
+static void fc_bwd_shape(int dim, int *br, int *bc, int *smem) {
+    *br = *bc = *smem = 0;
+#define FC_SHAPE_(D)                                  \
+    if (dim == D) {                                   \
+        *br = fc_sm80_bwd_traits<D>::kBr;             \
+        *bc = fc_sm80_bwd_traits<D>::kBc;             \
+        *smem = fc_sm80_bwd_traits<D>::kSmemBytes;    \
+    }
+    FC_SM80_BWD_HEADDIMS(FC_SHAPE_)
+#undef FC_SHAPE_
+}
+
+enum { FC_BWW_PACK, FC_BWW_LSE2, FC_BWW_DELTA, FC_BWW_DQACC, FC_BWW_SEM, FC_BWW_N };
+
+// What fc_cuda_bwd will run.
+typedef struct {
+    int dim;          // compiled head dim (>= head_dim, zero-padded)
+    int br, bc;       // its tile
+    bool causal;      // the kCausal instance
+    bool empty;       // no batch, head or key: nothing to write
+    int64_t rows;     // scratch rows per head (a multiple of 128)
+    int32_t sq_pad;   // batched: Sq rounded up to kFcBwdPadRows
+    fc_cuda_pack_plan pk;
+    size_t off[FC_BWW_N];
+    size_t bytes;
+} fc_cuda_bwd_plan;
+
+static flashc_status fc_cuda_bwd_plan_make(const fc_attn *a, fc_cuda_bwd_plan *pl) {
+    *pl = fc_cuda_bwd_plan{};
+    if (a->dtype != FLASHC_DTYPE_BF16 && a->dtype != FLASHC_DTYPE_FP16)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "q.dtype=%s but the CUDA backend supports bf16 and fp16",
+                            flashc_dtype_name(a->dtype));
+    const int64_t d8 = (a->head_dim + 7) / 8 * 8;
+    pl->dim = fc_bwd_dim(d8);
+    if (pl->dim == 0)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "head_dim=%lld but this CUDA build's backward supports up to %d",
+                            (long long)a->head_dim, fc_bwd_max_dim());
+    const int64_t kMaxLen = (int64_t)1 << 30;  // keeps the kernels' int row arithmetic exact
+    if (a->max_seqlen_q >= kMaxLen || a->max_seqlen_k >= kMaxLen || a->total_q >= kMaxLen)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "max_seqlen_q=%lld, max_seqlen_k=%lld but the CUDA backend needs "
+                            "both below 2^30",
+                            (long long)a->max_seqlen_q, (long long)a->max_seqlen_k);
+    if (a->batch > 65535 || a->kv_heads > 65535)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "batch=%lld, kv_heads=%lld but the CUDA backend needs both <= 65535",
+                            (long long)a->batch, (long long)a->kv_heads);
+    int dev = 0, major = 0, smem_optin = 0;
+    FC_CUDA_TRY(cudaGetDevice(&dev));
+    FC_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    FC_CUDA_TRY(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (major < 8)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "CUDA device %d has compute capability %d.x but flashc needs >= 8.0",
+                            dev, major);
+    int smem = 0;
+    fc_bwd_shape(pl->dim, &pl->br, &pl->bc, &smem);
+    if (smem > smem_optin)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "head_dim=%lld: the backward needs %d bytes of shared memory per "
+                            "block but CUDA device %d allows %d",
+                            (long long)a->head_dim, smem, dev, smem_optin);
+    pl->causal = a->window_right == 0;
+    pl->empty = a->batch == 0 || a->heads == 0 || a->max_seqlen_k == 0;
+
+    const int64_t pad = kFcBwdPadRows;
+    pl->sq_pad = (int32_t)((a->max_seqlen_q + pad - 1) / pad * pad);
+    const int64_t rows = a->cu_seqlens_q ? a->total_q + a->batch * pad : a->batch * pl->sq_pad;
+    pl->rows = (rows + pad - 1) / pad * pad;
+    pl->pk = fc_cuda_pack_layout(a, FC_PACK_N);
+    const size_t h = (size_t)a->heads, r = (size_t)pl->rows;
+    size_t sizes[FC_BWW_N] = {0};
+    if (!pl->empty) {
+        sizes[FC_BWW_PACK] = pl->pk.bytes;
+        sizes[FC_BWW_LSE2] = h * r * sizeof(float);
+        sizes[FC_BWW_DELTA] = h * r * sizeof(float);
+        sizes[FC_BWW_DQACC] = h * r * (size_t)pl->pk.dp * sizeof(float);
+        if (a->deterministic) sizes[FC_BWW_SEM] = h * (r / (size_t)pl->br) * sizeof(int32_t);
+    }
+    pl->bytes = fc_ws_layout(FC_BWW_N, sizes, pl->off);
+    return FLASHC_OK;
+}
+
+// A problem the plan refuses needs no workspace: the run reports why.
+extern "C" size_t fc_cuda_bwd_workspace(const fc_attn *a) {
+    fc_cuda_bwd_plan pl;
+    if (fc_cuda_bwd_plan_make(a, &pl) == FLASHC_OK) return pl.bytes;
+    fc_clear_error();
+    return 0;
+}
+
+extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes) {
+    fc_cuda_bwd_plan pl;
+    FC_TRY(fc_cuda_bwd_plan_make(a, &pl));
+    if (pl.empty) return FLASHC_OK;
+    if (ws_bytes < pl.bytes || !ws)
+        return fc_set_error(FLASHC_ERR_WORKSPACE_TOO_SMALL, "workspace_bytes=%zu but %zu are needed",
+                            ws_bytes, pl.bytes);
+    const cudaStream_t stream = (cudaStream_t)a->stream;
+    char *base = (char *)ws;
+    void *pack_ws = base + pl.off[FC_BWW_PACK];
+
+    fc_attn packed;
+    FC_CUDA_TRY(fc_cuda_pack_start(a, pl.pk, pack_ws, {FC_PACK_DK, FC_PACK_DV}, stream, &packed));
+    fc_cuda_bwd_params p = {};
+    p.f = fc_cuda_fwd_make_params(&packed);
+    p.f.head_dim = (int32_t)pl.pk.dp;
+    p.dout = packed.dout.ptr;
+    p.do_s_batch = packed.dout.s_batch, p.do_s_seq = packed.dout.s_seq, p.do_s_head = packed.dout.s_head;
+    p.dq = a->dq.ptr;  // the dQ kernel writes any stride and head dim
+    p.dq_s_batch = a->dq.s_batch, p.dq_s_seq = a->dq.s_seq, p.dq_s_head = a->dq.s_head;
+    p.dk = packed.dk.ptr, p.dv = packed.dv.ptr;
+    p.dk_s_batch = packed.dk.s_batch, p.dk_s_seq = packed.dk.s_seq, p.dk_s_head = packed.dk.s_head;
+    p.dv_s_batch = packed.dv.s_batch, p.dv_s_seq = packed.dv.s_seq, p.dv_s_head = packed.dv.s_head;
+    p.dq_head_dim = (int32_t)a->head_dim;
+    p.lse2 = (float *)(base + pl.off[FC_BWW_LSE2]);
+    p.delta = (float *)(base + pl.off[FC_BWW_DELTA]);
+    p.dq_accum = (float *)(base + pl.off[FC_BWW_DQACC]);
+    p.sem = a->deterministic ? (int32_t *)(base + pl.off[FC_BWW_SEM]) : NULL;
+    p.rows = pl.rows;
+    p.sq_pad = pl.sq_pad;
+    p.dq_pitch = (int32_t)pl.pk.dp;
+    p.sem_br = pl.br;
+    p.ds_scale = a->scale;
+    p.log2e = (float)(1.0 / log(2.0));
+    p.deterministic = a->deterministic;
+
+    const bool bf16 = a->dtype == FLASHC_DTYPE_BF16;
+    const dim3 prep_grid((unsigned)((a->max_seqlen_q + kFcBwdPrepRows - 1) / kFcBwdPrepRows),
+                         (unsigned)a->heads, (unsigned)a->batch);
+    if (p.sem)
+        FC_CUDA_TRY(cudaMemsetAsync(p.sem, 0, (size_t)a->heads * (size_t)(pl.rows / pl.br) * 4, stream));
+    cudaError_t e = cudaSuccess;
+    if (prep_grid.x > 0) {
+        if (bf16)
+            fc_bwd_pre_kernel<__nv_bfloat16><<<prep_grid, kFcBwdPrepThreads, 0, stream>>>(p);
+        else
+            fc_bwd_pre_kernel<__half><<<prep_grid, kFcBwdPrepThreads, 0, stream>>>(p);
+        FC_CUDA_TRY(cudaGetLastError());
+    }
+    const dim3 grid((unsigned)((a->max_seqlen_k + pl.bc - 1) / pl.bc), (unsigned)a->kv_heads,
+                    (unsigned)a->batch);
+    switch (pl.dim) {
+#define FC_CASE_(D)                                                                            \
+    case D:                                                                                    \
+        e = bf16 ? (pl.causal ? sm80_bwd_launch<D, __nv_bfloat16, true>(p, grid, stream)      \
+                              : sm80_bwd_launch<D, __nv_bfloat16, false>(p, grid, stream))     \
+                 : (pl.causal ? sm80_bwd_launch<D, __half, true>(p, grid, stream)              \
+                              : sm80_bwd_launch<D, __half, false>(p, grid, stream));           \
+        break;
+        FC_SM80_BWD_HEADDIMS(FC_CASE_)
+#undef FC_CASE_
+    default: e = cudaErrorInvalidValue; break;  // no instance: cannot happen after the plan
+    }
+    if (e != cudaSuccess)
+        return fc_set_error(FLASHC_ERR_CUDA, "sm80_bwd_kernel<D=%d, %s, causal=%d> launch: %s",
+                            pl.dim, bf16 ? "bf16" : "fp16", (int)pl.causal, cudaGetErrorString(e));
+    if (prep_grid.x > 0) {
+        if (bf16)
+            fc_bwd_dq_kernel<__nv_bfloat16><<<prep_grid, kFcBwdPrepThreads, 0, stream>>>(p);
+        else
+            fc_bwd_dq_kernel<__half><<<prep_grid, kFcBwdPrepThreads, 0, stream>>>(p);
+        FC_CUDA_TRY(cudaGetLastError());
+    }
+    FC_CUDA_TRY(fc_cuda_pack_finish(a, pl.pk, pack_ws, {FC_PACK_DK, FC_PACK_DV}, stream));
     return FLASHC_OK;
 }
 

@@ -33,6 +33,8 @@
 #ifndef FLASHC_CUDA_TRAITS_H
 #define FLASHC_CUDA_TRAITS_H
 
+#include "bwd_params.h"  // kFcBwdPadRows
+
 // ---- the table ----
 //   X(D,  Br,  Bc, warps, stages, q_in_regs)
 #define FC_SM80_FWD_TILES(X)      \
@@ -93,6 +95,87 @@ struct fc_sm80_fwd_traits : fc_sm80_fwd_tile<D> {
     static_assert(kSmemBytes <= FC_SM80_SMEM_LIMIT, "shared memory must fit 163 KB (sm80)");
     static_assert(kSmemBytes <= FC_SM90_SMEM_LIMIT, "shared memory must fit 227 KB (sm90)");
     static_assert(kAccRegs <= 200, "accumulators leave too few of the 255 registers");
+};
+
+// ---- the sm80 backward (sm80/bwd_kernel.cuh; also runs on sm90) ----
+// One row per head dim D: the query tile Br walked per iteration, the key
+// tile Bc a CTA owns (its dK, dV stay in registers), the warps, and the
+// stages of the Q / dO ring (2: the next tile pair loads under this one's
+// five GEMMs; 1: it loads under the dQ GEMM and its atomics only).
+// Warp layouts, derived below: S = Q K^T and dP = dO V^T (Br x Bc) split
+// Br / 16 warps along the queries and the rest along the keys; dV, dK (Bc x D)
+// min(W, Bc / 16) warps along the keys and the rest along D; dQ (Br x D)
+// Br / 16 along the queries and the rest along D. Registers per thread: dK +
+// dV 2 Bc D / (32 W), S + dP 2 Br Bc / (32 W), dQ in chunks of 8 column tiles.
+// Shared memory: K, V Bc (D + 8) 2 bytes each, Q, dO stages Br (D + 8) 2 each,
+// P and dS Br (Bc + 8) 2 each, lse2 and delta stages Br 4 each; it must fit
+// sm80's 163 KB. Measured (bench/NOTES.md): at D128, 64 x 128 with one stage
+// beat 64 x 64 with two by 40% (half the dQ atomics per FLOP); D160 and up
+// keep Bc = 64 for their registers.
+// A tuning build may replace the table (bench/tune.sh, as for FC_SM90_FWD_TILES).
+#ifndef FC_SM80_BWD_TILES
+//   X(D,  Br, Bc,  warps, q_stages)
+#define FC_SM80_BWD_TILES(X)  \
+    X(32,  64, 128, 8, 2)     \
+    X(64,  64, 128, 8, 2)     \
+    X(96,  64, 128, 8, 1)     \
+    X(128, 64, 128, 8, 1)     \
+    X(160, 64, 64,  8, 2)     \
+    X(192, 64, 64,  8, 1)     \
+    X(224, 64, 64,  8, 1)     \
+    X(256, 64, 64,  8, 1)
+#endif
+
+template <int D>
+struct fc_sm80_bwd_tile;  // only the rows of the table exist
+
+#define FC_SM80_BWD_TILE_ROW_(D_, BR, BC, WARPS, QS) \
+    template <>                                     \
+    struct fc_sm80_bwd_tile<D_> {                   \
+        static constexpr int kBr = BR;              \
+        static constexpr int kBc = BC;              \
+        static constexpr int kWarps = WARPS;        \
+        static constexpr int kQStages = QS;         \
+    };
+FC_SM80_BWD_TILES(FC_SM80_BWD_TILE_ROW_)
+#undef FC_SM80_BWD_TILE_ROW_
+
+template <int D>
+struct fc_sm80_bwd_traits : fc_sm80_bwd_tile<D> {
+    using tile = fc_sm80_bwd_tile<D>;
+    static constexpr int kD = D;
+    static constexpr int kBr = tile::kBr, kBc = tile::kBc, kWarps = tile::kWarps;
+    static constexpr int kQStages = tile::kQStages;
+    static constexpr int kThreads = 32 * kWarps;
+    // S / dP: warps (row, col) = (warp % kSR, warp / kSR)
+    static constexpr int kSR = kBr / 16, kSC = kWarps / kSR;
+    static constexpr int kSNT = kBc / (8 * kSC);          // 8-key tiles per warp
+    // dK / dV: warps (key, d) = (warp % kKR, warp / kKR)
+    static constexpr int kKR = kWarps < kBc / 16 ? kWarps : kBc / 16, kKC = kWarps / kKR;
+    static constexpr int kKT = kBc / (16 * kKR);          // 16-key tiles per warp
+    static constexpr int kKDT = D / (8 * kKC);            // 8-column tiles per warp
+    // dQ: warps (query, d) = (warp % kSR, warp / kSR)
+    static constexpr int kQDT = D / (8 * kSC);
+    static constexpr int kChunks = D / 8;
+    static constexpr int kPitchD = D + 8, kPitchC = kBc + 8;  // smem row pitches, elements
+    static constexpr int kKVBytes = kBc * kPitchD * 2;
+    static constexpr int kQBytes = kBr * kPitchD * 2;
+    static constexpr int kPBytes = kBr * kPitchC * 2;
+    static constexpr int kSmemBytes =
+        2 * kKVBytes + 2 * kQStages * kQBytes + 2 * kPBytes + 2 * kQStages * kBr * 4;
+    static constexpr int kAccRegs = 2 * kKT * kKDT * 4 + 2 * kSNT * 4;
+
+    static_assert(D % 32 == 0 && D >= 32 && D <= 256, "head dim: a multiple of 32 up to 256");
+    static_assert(kBr % 16 == 0 && kBr <= 128 && kWarps % kSR == 0, "Br: 16 rows per warp row");
+    static_assert(kBr <= kFcBwdPadRows, "Br must not exceed the scratch pad rows");
+    static_assert(kSNT % 4 == 0, "each warp's S columns: whole dropout groups of 32 keys");
+    static_assert(kBc % (16 * kKR) == 0 && kKDT % 2 == 0 && kQDT % 2 == 0,
+                  "dK, dV, dQ columns: pairs of 8-column tiles per warp");
+    static_assert(kQStages == 1 || kQStages == 2, "one or two Q / dO stages");
+    static_assert(((kPitchD / 8) % 2 == 1) && ((kPitchC / 8) % 2 == 1),
+                  "row pitches in 16-byte chunks must be odd");
+    static_assert(kSmemBytes <= FC_SM80_SMEM_LIMIT, "shared memory must fit 163 KB (sm80)");
+    static_assert(kAccRegs <= 192, "accumulators leave too few of the 255 registers");
 };
 
 // ---- the sm90 family (sm90/fwd_kernel.cuh: wgmma, sm_90a only) ----

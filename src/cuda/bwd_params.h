@@ -1,0 +1,67 @@
+// bwd_params.h : the one argument struct of the CUDA backward kernels
+// (common/bwd_prep.cuh: the preprocess and dQ kernels; sm80/bwd_kernel.cuh:
+// the main kernel).
+//
+// It embeds the forward's fc_cuda_fwd_params (params.h): q, k, v, out, their
+// strides, the sequence layout, masks, softcap, ALiBi, dropout and the
+// host-derived score constants mean exactly what they mean in the forward, and
+// launch.cu fills them with the same function. The backward adds dout and the
+// three gradients, and the fp32 scratch it keeps in the caller's workspace.
+//
+// Scratch rows. The per-row scratch (lse2, delta, dq_accum) is indexed by a
+// padded row R = dq_row0(b) + i for query row i of sequence b:
+//   batched: dq_row0(b) = b * sq_pad, sq_pad = Sq rounded up to kFcBwdPadRows
+//   varlen:  dq_row0(b) = cu_seqlens_q[b] + b * kFcBwdPadRows
+// so every query tile of a sequence (Br <= kFcBwdPadRows rows from a multiple
+// of Br) lies inside its own sequence's rows: the rows past sq are pad rows
+// (lse2 = +inf, delta = 0: P = 0 there) and no tile reads another sequence's.
+// Arrays: lse2 and delta [H][rows], dq_accum [H][rows][dq_pitch] fp32, and
+// with deterministic = 1 one int32 semaphore per (head, R / Br).
+#ifndef FLASHC_CUDA_BWD_PARAMS_H
+#define FLASHC_CUDA_BWD_PARAMS_H
+
+#include <stdint.h>
+
+#include "params.h"
+
+// Pad rows per sequence of the scratch arrays: the largest Br of any backward tile.
+#define kFcBwdPadRows 128
+
+typedef struct fc_cuda_bwd_params {
+    fc_cuda_fwd_params f;  // q, k, v, o (the forward's output), lse (natural log, the caller's)
+
+    // ---- dout and the gradients (element strides, the d axis contiguous) ----
+    const void *dout;  // like q
+    int64_t do_s_batch, do_s_seq, do_s_head;
+    void *dq;          // like q, written by the dQ kernel (any stride, any head_dim)
+    int64_t dq_s_batch, dq_s_seq, dq_s_head;
+    void *dk, *dv;     // like k / v (rows of sequence b at cu_seqlens_k[b] when varlen)
+    int64_t dk_s_batch, dk_s_seq, dk_s_head;
+    int64_t dv_s_batch, dv_s_seq, dv_s_head;
+    int32_t dq_head_dim;  // D of dq, dk, dv as the caller sees it (<= f.head_dim when
+                          // the main kernel reads zero-padded copies)
+
+    // ---- scratch in the workspace ----
+    float *lse2;      // [H][rows]: lse * log2(e), +inf for rows that see no key and pad rows
+    float *delta;     // [H][rows]: rowsum(dout * out), 0 for pad rows
+    float *dq_accum;  // [H][rows][dq_pitch]: sum over key blocks of dS K (unscaled)
+    int32_t *sem;     // [H][rows / Br]: deterministic mode's turn counters, or NULL
+    int64_t rows;     // rows of each head's scratch
+    int32_t sq_pad;   // batched: Sq rounded up to kFcBwdPadRows
+    int32_t dq_pitch; // floats per dq_accum row (f.head_dim)
+    int32_t sem_br;   // Br of the main kernel (the semaphore granularity)
+
+    float ds_scale;   // d(logit)/d(q.k) without softcap: the softmax scale
+    float log2e;      // log2(e): lse2 = lse * log2e
+    int32_t deterministic;
+} fc_cuda_bwd_params;
+
+#ifdef __CUDACC__
+// First scratch row of sequence b.
+__device__ __forceinline__ int64_t fc_bwd_row0(const fc_cuda_bwd_params &p, int b) {
+    return p.f.cu_seqlens_q ? (int64_t)p.f.cu_seqlens_q[b] + (int64_t)b * kFcBwdPadRows
+                            : (int64_t)b * p.sq_pad;
+}
+#endif
+
+#endif  // FLASHC_CUDA_BWD_PARAMS_H

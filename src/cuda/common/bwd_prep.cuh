@@ -1,0 +1,131 @@
+// bwd_prep.cuh : the two small kernels around the backward's main kernel
+// (FlashAttention-2, Dao 2023, Algorithm 2, lines 4 and the final dQ write).
+//
+//   fc_bwd_pre_kernel   per query row (b, h, i): delta = rowsum(dout o out) in
+//                       fp32, lse2 = lse * log2(e) (+inf where lse = -inf: a
+//                       row that sees no key gets P = 0), and its dq_accum row
+//                       zeroed; pad rows (i >= sq, bwd_params.h) get lse2 =
+//                       +inf and delta = 0, so the main kernel's tiles read
+//                       them without a bounds test.
+//   fc_bwd_dq_kernel    dq = dq_accum * scale in the dtype, at the caller's
+//                       strides and head dim.
+// Both run over (128-row blocks, H, B); a row that lies past its sequence's
+// padded rows is skipped. out and dout are read with 16-byte loads: launch.cu
+// hands them in place only when aligned (else a repacked copy).
+#ifndef FLASHC_CUDA_BWD_PREP_CUH
+#define FLASHC_CUDA_BWD_PREP_CUH
+
+#include <cuda_runtime.h>
+#include <math.h>
+
+#include "../bwd_params.h"
+#include "ptx.cuh"
+
+#define kFcBwdPrepRows 128   // rows per CTA of both kernels
+#define kFcBwdPrepThreads 256
+
+// The sequence b's query length and its row offset in q-like operands.
+__device__ __forceinline__ void fc_bwd_q_seq(const fc_cuda_bwd_params &p, int b, int *sq,
+                                             int64_t *tok0) {
+    const fc_cuda_fwd_params &f = p.f;
+    *tok0 = f.cu_seqlens_q ? f.cu_seqlens_q[b] : 0;
+    *sq = f.cu_seqlens_q ? f.cu_seqlens_q[b + 1] - (int)*tok0 : f.seqlen_q;
+}
+
+// Two packed 16-bit values as floats.
+template <typename T>
+__device__ __forceinline__ float2 fc_unpack2(uint32_t v);
+template <>
+__device__ __forceinline__ float2 fc_unpack2<__nv_bfloat16>(uint32_t v) {
+    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&v));
+}
+template <>
+__device__ __forceinline__ float2 fc_unpack2<__half>(uint32_t v) {
+    return __half22float2(*reinterpret_cast<__half2 *>(&v));
+}
+
+// grid (ceil(max_seqlen_q / 128), H, B), block 256: 8 lanes per row, 32 rows a pass.
+template <typename T>
+__global__ void __launch_bounds__(kFcBwdPrepThreads)
+    fc_bwd_pre_kernel(const __grid_constant__ fc_cuda_bwd_params p) {
+    const fc_cuda_fwd_params &f = p.f;
+    const int b = blockIdx.z, h = blockIdx.y, lane8 = threadIdx.x & 7;
+    int sq;
+    int64_t tok0;
+    fc_bwd_q_seq(p, b, &sq, &tok0);
+    const int pad_end = (sq + kFcBwdPadRows - 1) / kFcBwdPadRows * kFcBwdPadRows;
+    const int64_t srow0 = (int64_t)h * p.rows + fc_bwd_row0(p, b);
+    const T *o = static_cast<const T *>(f.o);
+    const T *dout = static_cast<const T *>(p.dout);
+    const int chunks = f.head_dim / 8;
+    for (int i = blockIdx.x * kFcBwdPrepRows + (threadIdx.x >> 3);
+         i < (blockIdx.x + 1) * kFcBwdPrepRows && i < pad_end; i += kFcBwdPrepThreads / 8) {
+        float acc = 0.0f;
+        if (i < sq) {
+            const int64_t tok = tok0 + i;
+            const int64_t ob = (f.cu_seqlens_q ? 0 : (int64_t)b * f.o_s_batch) + tok * f.o_s_seq +
+                               (int64_t)h * f.o_s_head;
+            const int64_t db = (f.cu_seqlens_q ? 0 : (int64_t)b * p.do_s_batch) + tok * p.do_s_seq +
+                               (int64_t)h * p.do_s_head;
+            for (int c = lane8; c < chunks; c += 8) {
+                const uint4 x = *reinterpret_cast<const uint4 *>(o + ob + c * 8);
+                const uint4 y = *reinterpret_cast<const uint4 *>(dout + db + c * 8);
+                const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float2 a = fc_unpack2<T>(xs[e]), d = fc_unpack2<T>(ys[e]);
+                    acc = fmaf(a.x, d.x, fmaf(a.y, d.y, acc));
+                }
+            }
+        }
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+        const int64_t srow = srow0 + i;
+        if (lane8 == 0) {
+            float l2 = INFINITY;
+            if (i < sq) {
+                const float lse = f.lse[(int64_t)b * f.lse_s_batch + (int64_t)h * f.lse_s_head +
+                                        (tok0 + i) * f.lse_s_seq];
+                l2 = lse == -INFINITY ? INFINITY : lse * p.log2e;
+            }
+            p.lse2[srow] = l2;
+            p.delta[srow] = acc;
+        }
+        if (i < sq) {
+            float4 *dqa = reinterpret_cast<float4 *>(p.dq_accum + srow * p.dq_pitch);
+            for (int c = lane8; c < p.dq_pitch / 4; c += 8) dqa[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
+}
+
+// grid and block as fc_bwd_pre_kernel; one thread per (row, column) pair of columns.
+template <typename T>
+__global__ void __launch_bounds__(kFcBwdPrepThreads)
+    fc_bwd_dq_kernel(const __grid_constant__ fc_cuda_bwd_params p) {
+    const int b = blockIdx.z, h = blockIdx.y;
+    int sq;
+    int64_t tok0;
+    fc_bwd_q_seq(p, b, &sq, &tok0);
+    const int i0 = blockIdx.x * kFcBwdPrepRows;
+    const int rows = min(kFcBwdPrepRows, sq - i0);
+    if (rows <= 0) return;
+    const int pairs = (p.dq_head_dim + 1) / 2;
+    const int64_t srow0 = (int64_t)h * p.rows + fc_bwd_row0(p, b) + i0;
+    T *dq = static_cast<T *>(p.dq);
+    for (int idx = threadIdx.x; idx < rows * pairs; idx += kFcBwdPrepThreads) {
+        const int r = idx / pairs, c = 2 * (idx % pairs);
+        const int64_t tok = tok0 + i0 + r;
+        const int64_t base = (p.f.cu_seqlens_q ? 0 : (int64_t)b * p.dq_s_batch) +
+                             tok * p.dq_s_seq + (int64_t)h * p.dq_s_head + c;
+        const float *acc = p.dq_accum + (srow0 + r) * p.dq_pitch + c;
+        if (c + 1 < p.dq_head_dim && ((uintptr_t)(dq + base) & 3) == 0) {
+            *reinterpret_cast<uint32_t *>(dq + base) = fc_pack2<T>(acc[0] * p.ds_scale, acc[1] * p.ds_scale);
+        } else {
+            dq[base] = T(acc[0] * p.ds_scale);
+            if (c + 1 < p.dq_head_dim) dq[base + 1] = T(acc[1] * p.ds_scale);
+        }
+    }
+}
+
+#endif  // FLASHC_CUDA_BWD_PREP_CUH

@@ -1,0 +1,455 @@
+// bwd_kernel.cuh : the sm80 attention backward, FlashAttention-2 (Dao 2023,
+// "FlashAttention-2", Algorithm 2: the key blocks are parallel, the query
+// blocks a loop) with mma.sync + ldmatrix + cp.async. It also runs on sm90.
+//
+// Names as in the paper. A CTA owns the key block Kj, Vj (Bc rows of one KV
+// head hk of one sequence) and keeps dKj, dVj in registers while it walks every
+// query block Qi (Br rows) of every query head of hk's group (GQA: the group's
+// sum accumulates in place, so dK and dV are written once, deterministically):
+//     S  = Qi Kj^T, dP = dOi Vj^T          mma.sync m16n8k16, fp32
+//     P  = exp2(x sl2 - lse2_i)            x = q.k, or tanh(q.k scale / cap) with
+//                                          softcap, plus ALiBi; masked: 0
+//     Pd = P o Z                           Z: the forward's dropout mask, 0 or 1/(1-p)
+//     dS = P o (dP o Z - delta_i) o (1 - x^2 with softcap, else 1)
+//     dVj += Pd^T dOi,  dKj += dS^T Qi     Pd, dS through shared memory (16-bit)
+//     dQi += dS Kj                         fp32 atomics into dq_accum
+// and at the end dKj * scale and dVj to the caller. delta_i = rowsum(dOi o Oi)
+// and lse2 come from the preprocess kernel (common/bwd_prep.cuh), dq_accum
+// goes to dQ * scale in the dQ kernel there.
+//
+// Data movement: Kj and Vj are loaded once; Qi, dOi and the tile's lse2 and
+// delta stream through a ring of kQStages slots, one cp.async group per query
+// block, issued right after the last read of the slot it reuses (the dK GEMM),
+// so with two stages the next block loads under five GEMMs, with one under the
+// dQ GEMM. Shared rows are padded by 16 bytes (traits.h) so every ldmatrix is
+// conflict-free; P and dS are stored [query][key] and read as Pd^T, dS^T with
+// ldmatrix.trans and as dS with ldmatrix.
+//
+// Masks: query blocks no row of which sees a key of the block are skipped (the
+// block's visible query range, widened by one block and filtered by
+// fc_mask::tiles, the forward's test, so both sides of deterministic mode agree
+// on which CTAs visit a query block); the element test runs only on partial tiles.
+//
+// Deterministic mode: the CTA that owns key block n adds to the dq_accum rows
+// of (h, query block m) only after the CTAs of the key blocks before n that
+// visit m have (a turn counter per (h, m) in the workspace): the fp32 sums run
+// in one order, so dQ is bitwise reproducible. The waits go only to CTAs of
+// lower block index (key blocks are grid x), which are resident or done.
+//
+// Template parameters: the head dim D (a row of traits.h FC_SM80_BWD_TILES),
+// the dtype T, kCausal. Everything else is a field of bwd_params.h.
+//
+// Not here: paged K/V (the backward has none), unaligned operands (launch.cu
+// repacks them), split of the query loop across CTAs.
+#ifndef FLASHC_CUDA_SM80_BWD_KERNEL_CUH
+#define FLASHC_CUDA_SM80_BWD_KERNEL_CUH
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+
+#include "../bwd_params.h"
+#include "../common/dropout.cuh"
+#include "../common/fwd_tile.cuh"
+#include "../common/mask.cuh"
+#include "../common/ptx.cuh"
+#include "../traits.h"
+
+// ---- small PTX helpers of the backward ----
+__device__ __forceinline__ void fc_cp_async_4(uint32_t dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+
+__device__ __forceinline__ float fc_ld_shared_f32(uint32_t addr) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
+    return v;
+}
+
+// dst[0] += x, dst[1] += y in global memory, atomically per element (dst
+// 8-byte aligned). sm90 has a vector reduction: one 8-byte request a lane, so
+// the 4 lanes of a quad fill one 32-byte sector (half the requests of two
+// scalar ones; the dQ adds are this kernel's largest cost, bench/NOTES.md).
+__device__ __forceinline__ void fc_red_add2(float *dst, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");
+#else
+    atomicAdd(dst, x);
+    atomicAdd(dst + 1, y);
+#endif
+}
+
+__device__ __forceinline__ int fc_ld_acquire(const int32_t *p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// ---- the kernel ----
+// grid (ceil(max_seqlen_k / Bc), Hk, B), block kThreads, dynamic smem kSmemBytes.
+template <int D, typename T, bool kCausal>
+__global__ void __launch_bounds__(fc_sm80_bwd_traits<D>::kThreads)
+    sm80_bwd_kernel(const __grid_constant__ fc_cuda_bwd_params p) {
+    using Tr = fc_sm80_bwd_traits<D>;
+    constexpr int Br = Tr::kBr, Bc = Tr::kBc, NTH = Tr::kThreads, CH = Tr::kChunks;
+    constexpr int QS = Tr::kQStages, SR = Tr::kSR, NT = Tr::kSNT;
+    constexpr int KR = Tr::kKR, KT = Tr::kKT, KDT = Tr::kKDT, QDT = Tr::kQDT;
+    constexpr int RBD = Tr::kPitchD * 2, RBC = Tr::kPitchC * 2;  // smem row bytes
+    const fc_cuda_fwd_params &f = p.f;
+
+    extern __shared__ __align__(128) unsigned char fc_smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    const int G = f.kv_group;
+
+    // ---- this sequence and key block ----
+    const int64_t q_tok0 = f.cu_seqlens_q ? f.cu_seqlens_q[b] : 0;
+    const int sq = f.cu_seqlens_q ? f.cu_seqlens_q[b + 1] - (int)q_tok0 : f.seqlen_q;
+    const int64_t k_tok0 = f.cu_seqlens_k ? f.cu_seqlens_k[b] : 0;
+    const int sk = f.cu_seqlens_k ? f.cu_seqlens_k[b + 1] - (int)k_tok0 : f.seqlen_k;
+    const int j0 = n_block * Bc;
+    if (j0 >= sk) return;
+    const int kv_rows = min(Bc, sk - j0);
+    const fc_mask<kCausal> mask(sq, sk, f.window_left, f.window_right);
+
+    // query blocks that may see this key block: rows [i_lo, i_hi] from the
+    // window edges, widened by one block each way (the exact test is tiles())
+    const int m_count = (sq + Br - 1) / Br;
+    int m_lo = 0, m_hi = m_count;
+    if (kCausal || f.window_right >= 0) {
+        const int right = kCausal ? 0 : f.window_right;
+        const int i_lo = j0 - (sk - sq) - right;  // first row whose hi() passes j0
+        m_lo = max(0, i_lo / Br - 1);
+    }
+    if (f.window_left >= 0) {
+        const int i_hi = j0 + Bc - 1 - (sk - sq) + f.window_left;  // last row whose lo() <= the block
+        m_hi = min(m_count, max(0, i_hi / Br + 2));
+    }
+    const int m_span = m_hi > m_lo ? m_hi - m_lo : 0;
+    const int n_iters = G * m_span;
+
+    // ---- shared memory ----
+    const uint32_t sK = fc_smem_u32(fc_smem);
+    const uint32_t sV = sK + Tr::kKVBytes;
+    const uint32_t sQ = sV + Tr::kKVBytes;           // [QS][Br][pitchD]
+    const uint32_t sdO = sQ + QS * Tr::kQBytes;      // [QS][Br][pitchD]
+    const uint32_t sP = sdO + QS * Tr::kQBytes;      // [Br][pitchC]
+    const uint32_t sdS = sP + Tr::kPBytes;           // [Br][pitchC]
+    const uint32_t sLse = sdS + Tr::kPBytes;         // [QS][Br] f32
+    const uint32_t sDelta = sLse + QS * Br * 4;      // [QS][Br] f32
+
+    using Ld = fc_tile_loader<T, NTH, CH>;
+    constexpr uint32_t LD_STEP = Ld::RPP * RBD;
+    const T *q = static_cast<const T *>(f.q);
+    const T *dout = static_cast<const T *>(p.dout);
+
+    // ---- K, V once ----
+    {
+        const Ld ld(tid, f.head_dim, Bc, sk);
+        fc_kv_rows kv = {};
+        kv.k_base = k_tok0 * f.k_s_seq + (f.cu_seqlens_k ? 0 : (int64_t)b * f.k_s_batch) +
+                    (int64_t)hk * f.k_s_head;
+        kv.v_base = k_tok0 * f.v_s_seq + (f.cu_seqlens_k ? 0 : (int64_t)b * f.v_s_batch) +
+                    (int64_t)hk * f.v_s_head;
+        const uint32_t dst = ld.row * RBD + ld.ch * 16;
+        ld.template load_kv<Bc>(sK + dst, LD_STEP, static_cast<const T *>(f.k), kv.k_base, 0,
+                                f.k_s_seq, j0, kv);
+        ld.template load_kv<Bc>(sV + dst, LD_STEP, static_cast<const T *>(f.v), kv.v_base, 0,
+                                f.v_s_seq, j0, kv);
+    }
+
+    // the query block of iteration `it`: head h = hk * G + it / m_span, block m
+    auto iter_hm = [&](int it, int *h, int *m) {
+        *h = hk * G + it / m_span;
+        *m = m_lo + it % m_span;
+    };
+    // Q, dO, lse2, delta of iteration `it` into slot it % QS, one commit (empty
+    // past the last iteration, so the group count per iteration stays fixed)
+    auto load_q = [&](int it) {
+        if (it < n_iters) {
+            int h, m;
+            iter_hm(it, &h, &m);
+            const int m0 = m * Br, rows = min(Br, sq - m0);
+            const Ld ld(tid, f.head_dim, rows, sk);
+            const uint32_t slot = (uint32_t)(it % QS);
+            const uint32_t dst = ld.row * RBD + ld.ch * 16;
+            const int64_t tok = q_tok0 + m0;
+            const int64_t qb = (f.cu_seqlens_q ? 0 : (int64_t)b * f.q_s_batch) + tok * f.q_s_seq +
+                               (int64_t)h * f.q_s_head;
+            const int64_t db = (f.cu_seqlens_q ? 0 : (int64_t)b * p.do_s_batch) +
+                               tok * p.do_s_seq + (int64_t)h * p.do_s_head;
+            ld.template load_q<Br>(sQ + slot * Tr::kQBytes + dst, LD_STEP, q, qb, f.q_s_seq);
+            ld.template load_q<Br>(sdO + slot * Tr::kQBytes + dst, LD_STEP, dout, db, p.do_s_seq);
+            const int64_t srow = (int64_t)h * p.rows + fc_bwd_row0(p, b) + m0;
+            for (int r = tid; r < Br; r += NTH) {
+                fc_cp_async_4(sLse + (slot * Br + r) * 4, p.lse2 + srow + r);
+                fc_cp_async_4(sDelta + (slot * Br + r) * 4, p.delta + srow + r);
+            }
+        }
+        fc_cp_async_commit();
+    };
+    load_q(0);  // with K, V: group 0
+#pragma unroll
+    for (int s = 1; s < QS; ++s) load_q(s);
+
+    // ---- warp tiles ----
+    const int s_wr = warp % SR, s_wc = warp / SR;  // S / dP and dQ: query rows, key (d) cols
+    const int k_wr = warp % KR, k_wc = warp / KR;  // dK / dV: key rows, d cols
+    float acc_dk[KT][KDT][4], acc_dv[KT][KDT][4];
+#pragma unroll
+    for (int kt = 0; kt < KT; ++kt)
+#pragma unroll
+        for (int dt = 0; dt < KDT; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_dk[kt][dt][e] = acc_dv[kt][dt][e] = 0.0f;
+
+    // ldmatrix lane addresses (ptx.cuh layouts; see sm80/fwd_kernel.cuh):
+    // A row-major from [row][k] storage ("a" pattern), B from [n][k] ("b"),
+    // B from [k][n] with .trans ("bt"), A from [k][m] with .trans (= "b")
+    const int a_row = lane & 15;
+    const uint32_t a_off = (lane >> 4) * 16;
+    const int b_row = (lane & 7) + ((lane >> 4) << 3);
+    const uint32_t b_off = ((lane >> 3) & 1) * 16;
+    const int s_row = s_wr * 16;                 // first query row of the warp's S tile
+    const int s_col = s_wc * (Bc / Tr::kSC);     // first key column of the warp's S tile
+
+    for (int it = 0; it < n_iters; ++it) {
+        int h, m;
+        iter_hm(it, &h, &m);
+        const int m0 = m * Br, rows = min(Br, sq - m0);
+        const uint32_t slot = (uint32_t)(it % QS);
+        const uint32_t sQs = sQ + slot * Tr::kQBytes, sdOs = sdO + slot * Tr::kQBytes;
+
+        // this iteration's Q, dO, lse2, delta (and K, V at it = 0) have landed;
+        // every warp is past the last iteration's dQ GEMM (sP, sdS are free)
+        fc_cp_async_wait<QS - 1>();
+        __syncthreads();
+
+        // does this query block see the key block at all (the forward's test)?
+        int n_lo, n_hi;
+        const bool visits = mask.template tiles<Bc>(m0, m0 + rows - 1, &n_lo, &n_hi) &&
+                            n_block >= n_lo && n_block < n_hi;
+        if (!visits) {
+            __syncthreads();
+            load_q(it + QS);
+            continue;
+        }
+
+        // ---- S = Q K^T and dP = dO V^T (warp tile 16 x Bc / kSC) ----
+        float acc_s[1][NT][4], acc_dp[1][NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_s[0][nt][e] = acc_dp[0][nt][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+            uint32_t aq[4], ado[4];
+            fc_ldmatrix_x4(aq, sQs + (s_row + a_row) * RBD + a_off + ks * 32);
+            fc_ldmatrix_x4(ado, sdOs + (s_row + a_row) * RBD + a_off + ks * 32);
+#pragma unroll
+            for (int np = 0; np < NT / 2; ++np) {
+                uint32_t bk[4], bv[4];
+                const uint32_t off = (s_col + np * 16 + b_row) * RBD + b_off + ks * 32;
+                fc_ldmatrix_x4(bk, sK + off);
+                fc_ldmatrix_x4(bv, sV + off);
+                fc_mma_16816<T>(acc_s[0][2 * np], aq, bk[0], bk[1]);
+                fc_mma_16816<T>(acc_s[0][2 * np + 1], aq, bk[2], bk[3]);
+                fc_mma_16816<T>(acc_dp[0][2 * np], ado, bv[0], bv[1]);
+                fc_mma_16816<T>(acc_dp[0][2 * np + 1], ado, bv[2], bv[3]);
+            }
+        }
+
+        // ---- P, Pd, dS elementwise, to shared memory as 16-bit pairs ----
+        {
+            const bool partial = mask.template tile_partial<Bc>(m0, m0 + rows - 1, j0);
+            const float slope_x =
+                f.alibi ? f.alibi[(int64_t)b * f.alibi_s_batch + h] * f.alibi_scale : 0.0f;
+            const uint32_t bh = (uint32_t)b * (uint32_t)f.heads + (uint32_t)h;
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                const int r = s_row + g + 8 * hr;  // tile row
+                const int i = m0 + r;              // query row in the sequence
+                const float lse2 = fc_ld_shared_f32(sLse + (slot * Br + r) * 4);
+                const float dl = fc_ld_shared_f32(sDelta + (slot * Br + r) * 4);
+                const int lo = mask.lo(i), hi = mask.hi(i);
+                uint32_t keep[NT / 4];
+                if (f.dropout) {
+#pragma unroll
+                    for (int qd = 0; qd < NT / 4; ++qd)
+                        keep[qd] = fc_dropout_keep4(f.dropout_seed, f.dropout_offset,
+                                                    f.dropout_threshold, bh, (uint32_t)i,
+                                                    (uint64_t)((j0 + s_col) / 8 + 4 * qd), t);
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    float pd[2], ds[2];
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int c = s_col + 8 * nt + 2 * t + e;  // tile column
+                        const int j = j0 + c;
+                        float x = acc_s[0][nt][2 * hr + e], dt = 1.0f;
+                        if (f.softcap_pre != 0.0f) {
+                            x = fc_softcap1(x, f.softcap_pre);
+                            dt = 1.0f - x * x;
+                        }
+                        if (f.alibi) x = fmaf(-slope_x, fabsf((float)(mask.diag(i) - j)), x);
+                        float pr = fc_exp2(fmaf(x, f.score_scale_log2, -lse2));
+                        if (partial && (j < lo || j >= hi)) pr = 0.0f;
+                        float dp = acc_dp[0][nt][2 * hr + e];
+                        float pdrop = pr;
+                        if (f.dropout) {
+                            const bool k = (keep[nt / 4] >> (8 * (nt % 4) + e)) & 1u;
+                            pdrop = k ? pr * f.dropout_rescale : 0.0f;
+                            dp = k ? dp * f.dropout_rescale : 0.0f;
+                        }
+                        pd[e] = pdrop;
+                        ds[e] = pr * (dp - dl) * dt;
+                    }
+                    const uint32_t off = r * RBC + (s_col + 8 * nt + 2 * t) * 2;
+                    fc_st_shared_b32(sP + off, fc_pack2<T>(pd[0], pd[1]));
+                    fc_st_shared_b32(sdS + off, fc_pack2<T>(ds[0], ds[1]));
+                }
+            }
+        }
+        __syncthreads();  // sP, sdS complete
+
+        // ---- dV += Pd^T dO, dK += dS^T Q (warp tile 16 KT keys x D / kKC) ----
+        {
+            const int kr0 = k_wr * 16 * KT, dc0 = k_wc * (D / Tr::kKC);
+#pragma unroll
+            for (int kq = 0; kq < Br / 16; ++kq) {
+                uint32_t ap[KT][4], as[KT][4];
+#pragma unroll
+                for (int kt = 0; kt < KT; ++kt) {
+                    const uint32_t off = (kq * 16 + b_row) * RBC + (kr0 + kt * 16) * 2 + b_off;
+                    fc_ldmatrix_x4_trans(ap[kt], sP + off);
+                    fc_ldmatrix_x4_trans(as[kt], sdS + off);
+                }
+#pragma unroll
+                for (int dp = 0; dp < KDT / 2; ++dp) {
+                    uint32_t bo[4], bq[4];
+                    const uint32_t off = (kq * 16 + a_row) * RBD + (dc0 + dp * 16) * 2 + a_off;
+                    fc_ldmatrix_x4_trans(bo, sdOs + off);
+                    fc_ldmatrix_x4_trans(bq, sQs + off);
+#pragma unroll
+                    for (int kt = 0; kt < KT; ++kt) {
+                        fc_mma_16816<T>(acc_dv[kt][2 * dp], ap[kt], bo[0], bo[1]);
+                        fc_mma_16816<T>(acc_dv[kt][2 * dp + 1], ap[kt], bo[2], bo[3]);
+                        fc_mma_16816<T>(acc_dk[kt][2 * dp], as[kt], bq[0], bq[1]);
+                        fc_mma_16816<T>(acc_dk[kt][2 * dp + 1], as[kt], bq[2], bq[3]);
+                    }
+                }
+            }
+        }
+        __syncthreads();  // every warp is done with this slot's Q and dO
+        load_q(it + QS);
+
+        // ---- dQ += dS K (warp tile 16 queries x D / kSC, in chunks) ----
+        const int64_t srow = (int64_t)h * p.rows + fc_bwd_row0(p, b) + m0;
+        int32_t *sem = p.sem ? p.sem + srow / p.sem_br : nullptr;  // rows % sem_br == 0
+        if (p.deterministic) {
+            // my turn: the key blocks n_lo .. n_block - 1 that visit m have added
+            if (tid == 0)
+                while (fc_ld_acquire(sem) != n_block - n_lo) {
+                }
+            __syncthreads();
+        }
+        {
+            constexpr int QC = 8;  // 8-column tiles per chunk
+            const int dc0 = s_wc * (D / Tr::kSC);
+#pragma unroll
+            for (int c0 = 0; c0 < QDT; c0 += QC) {
+                constexpr int kMaxC = QDT < QC ? QDT : QC;
+                float acc_q[kMaxC][4];
+#pragma unroll
+                for (int dt = 0; dt < kMaxC; ++dt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc_q[dt][e] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < Bc / 16; ++kk) {
+                    uint32_t as[4];
+                    fc_ldmatrix_x4(as, sdS + (s_row + a_row) * RBC + a_off + kk * 32);
+#pragma unroll
+                    for (int dp = 0; dp < kMaxC / 2; ++dp) {
+                        if (c0 + 2 * dp >= QDT) break;
+                        uint32_t bk[4];
+                        fc_ldmatrix_x4_trans(
+                            bk, sK + (kk * 16 + a_row) * RBD + (dc0 + (c0 + 2 * dp) * 8) * 2 + a_off);
+                        fc_mma_16816<T>(acc_q[2 * dp], as, bk[0], bk[1]);
+                        fc_mma_16816<T>(acc_q[2 * dp + 1], as, bk[2], bk[3]);
+                    }
+                }
+#pragma unroll
+                for (int dt = 0; dt < kMaxC; ++dt) {
+                    if (c0 + dt >= QDT) break;
+                    const int col = dc0 + (c0 + dt) * 8 + 2 * t;
+                    if (col >= f.head_dim) continue;
+#pragma unroll
+                    for (int hr = 0; hr < 2; ++hr) {
+                        const int r = s_row + g + 8 * hr;
+                        if (r >= rows) continue;
+                        fc_red_add2(p.dq_accum + (srow + r) * p.dq_pitch + col, acc_q[dt][2 * hr],
+                                    acc_q[dt][2 * hr + 1]);
+                    }
+                }
+            }
+        }
+        if (p.deterministic) {
+            __syncthreads();  // every thread's adds are issued
+            if (tid == 0) {
+                __threadfence();
+                atomicAdd(sem, 1);
+            }
+        }
+    }
+    fc_cp_async_wait<0>();  // only empty groups can remain
+    __syncthreads();        // every warp is done with sK, sV
+
+    // ---- epilogue: dK * scale, dV through sK / sV to 16-byte stores ----
+    {
+        const int kr0 = k_wr * 16 * KT, dc0 = k_wc * (D / Tr::kKC);
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt)
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                const int r = kr0 + kt * 16 + g + 8 * hr;
+#pragma unroll
+                for (int dt = 0; dt < KDT; ++dt) {
+                    const uint32_t off = r * RBD + (dc0 + dt * 8 + 2 * t) * 2;
+                    fc_st_shared_b32(sK + off, fc_pack2<T>(acc_dk[kt][dt][2 * hr] * p.ds_scale,
+                                                           acc_dk[kt][dt][2 * hr + 1] * p.ds_scale));
+                    fc_st_shared_b32(sV + off, fc_pack2<T>(acc_dv[kt][dt][2 * hr],
+                                                           acc_dv[kt][dt][2 * hr + 1]));
+                }
+            }
+    }
+    __syncthreads();
+    T *dk = static_cast<T *>(p.dk), *dv = static_cast<T *>(p.dv);
+    const int64_t dk_base = (f.cu_seqlens_k ? 0 : (int64_t)b * p.dk_s_batch) +
+                            (k_tok0 + j0) * p.dk_s_seq + (int64_t)hk * p.dk_s_head;
+    const int64_t dv_base = (f.cu_seqlens_k ? 0 : (int64_t)b * p.dv_s_batch) +
+                            (k_tok0 + j0) * p.dv_s_seq + (int64_t)hk * p.dv_s_head;
+    for (int idx = tid; idx < Bc * CH; idx += NTH) {
+        const int r = idx / CH, ch = idx % CH;
+        if (r < kv_rows && ch * 8 < f.head_dim) {
+            fc_st_global_v4(dk + dk_base + (int64_t)r * p.dk_s_seq + ch * 8,
+                            fc_ld_shared_v4(sK + r * RBD + ch * 16));
+            fc_st_global_v4(dv + dv_base + (int64_t)r * p.dv_s_seq + ch * 8,
+                            fc_ld_shared_v4(sV + r * RBD + ch * 16));
+        }
+    }
+}
+
+// ---- the launcher of one instance (instantiated in inst/*.cu) ----
+// Sets the dynamic shared memory limit once per device, then launches on
+// `stream`. Returns the launch's cudaError_t; never synchronises.
+template <int D, typename T, bool kCausal>
+cudaError_t sm80_bwd_launch(const fc_cuda_bwd_params &p, dim3 grid, cudaStream_t stream) {
+    using Tr = fc_sm80_bwd_traits<D>;
+    static std::atomic<uint64_t> smem_set{0};  // bit d: the limit is raised on device d
+    return fc_launch_kernel(sm80_bwd_kernel<D, T, kCausal>, &smem_set, Tr::kSmemBytes,
+                            Tr::kThreads, grid, stream, p);
+}
+
+#endif  // FLASHC_CUDA_SM80_BWD_KERNEL_CUH
