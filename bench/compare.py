@@ -5,6 +5,7 @@ Run on a machine with a GPU after the normal build (`cmake -S . -B build && cmak
 --build build`), with a python3 that has torch:
 
     python3 bench/compare.py --mode fwd --csv bench/results/fwd.csv
+    python3 bench/compare.py --mode bwd --csv bench/results/bwd.csv      (or --mode fwdbwd)
     python3 bench/compare.py --mode decode --csv bench/results/decode.csv
 
 Shapes follow the FlashAttention papers: hidden 2048 (heads = 2048 / headdim) and
@@ -21,6 +22,13 @@ launch.cu picks: sm90 on an H100/H200), flashc-sm80 (FLASHC_CUDA_FAMILY=sm80: th
 FA2-algorithm kernels), sdpa-flash, sdpa-cudnn (--backends times a subset, e.g.
 flashc alone for a tuning variant with --lib; max_err is always against an
 untimed sdpa-flash call).
+
+--mode bwd times the backward alone (flashc_bwd after one forward; SDPA's
+autograd backward of one forward graph, retain_graph), --mode fwdbwd the
+forward and the backward together; FLOPs are 2.5x and 3.5x the forward's
+(flash-attention's convention). Backends: flashc, flashc-det (deterministic =
+1, to show its cost), sdpa-flash, sdpa-cudnn; max_err is the largest of dq, dk,
+dv against sdpa-flash's gradients.
 
 --mode decode: one query token per sequence (flashc_fwd_kvcache, no append)
 over a full cache, head dim 128, for (batch, heads, kv heads, keys) in
@@ -70,6 +78,11 @@ class FwdArgs(ctypes.Structure):
                                       "attn_probs")]
 
 
+class BwdArgs(ctypes.Structure):
+    _fields_ = [(n, Tensor) for n in ("dout", "q", "k", "v", "out", "softmax_lse", "dq", "dk", "dv",
+                                      "alibi_slopes")]
+
+
 class KvcacheArgs(ctypes.Structure):
     _fields_ = [(n, Tensor) for n in ("q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos",
                                       "rotary_sin", "cache_seqlens", "cache_batch_idx",
@@ -102,6 +115,12 @@ class Flashc:
         self.lib.flashc_fwd_kvcache_workspace_size.restype = ctypes.c_int
         self.lib.flashc_fwd_kvcache_workspace_size.argtypes = [
             ctypes.POINTER(KvcacheArgs), ctypes.POINTER(Params), ctypes.POINTER(ctypes.c_size_t)]
+        self.lib.flashc_bwd.restype = ctypes.c_int
+        self.lib.flashc_bwd.argtypes = [ctypes.POINTER(BwdArgs), ctypes.POINTER(Params),
+                                        ctypes.c_void_p, ctypes.c_size_t]
+        self.lib.flashc_bwd_workspace_size.restype = ctypes.c_int
+        self.lib.flashc_bwd_workspace_size.argtypes = [
+            ctypes.POINTER(BwdArgs), ctypes.POINTER(Params), ctypes.POINTER(ctypes.c_size_t)]
         self.lib.flashc_last_error.restype = ctypes.c_char_p
         self.lib.flashc_params_default.restype = Params
 
@@ -115,6 +134,29 @@ class Flashc:
         s = self.lib.flashc_fwd(ctypes.byref(a), ctypes.byref(p), None, 0)
         if s != 0:
             raise RuntimeError("flashc_fwd: status %d: %s" % (s, self.lib.flashc_last_error().decode()))
+
+    def bwd_call(self, dout, q, k, v, out, lse, dq, dk, dv, causal, deterministic):
+        """The args, params and workspace of flashc_bwd(), built once per shape."""
+        a = BwdArgs()
+        a.dout, a.q, a.k, a.v, a.out, a.softmax_lse, a.dq, a.dk, a.dv = (
+            describe(t) for t in (dout, q, k, v, out, lse, dq, dk, dv))
+        p = self.lib.flashc_params_default()
+        p.causal = int(causal)
+        p.deterministic = int(deterministic)
+        p.stream = torch.cuda.current_stream().cuda_stream
+        size = ctypes.c_size_t(0)
+        s = self.lib.flashc_bwd_workspace_size(ctypes.byref(a), ctypes.byref(p), ctypes.byref(size))
+        if s != 0:
+            raise RuntimeError("flashc_bwd_workspace_size: status %d: %s" %
+                               (s, self.lib.flashc_last_error().decode()))
+        ws = torch.empty(max(size.value, 1), dtype=torch.uint8, device="cuda")
+        return a, p, ws, size.value
+
+    def bwd(self, call):
+        a, p, ws, size = call
+        s = self.lib.flashc_bwd(ctypes.byref(a), ctypes.byref(p), ctypes.c_void_p(ws.data_ptr()), size)
+        if s != 0:
+            raise RuntimeError("flashc_bwd: status %d: %s" % (s, self.lib.flashc_last_error().decode()))
 
     def kvcache_call(self, q, k_cache, v_cache, seqlens, block_table, out, lse, num_splits):
         """The args, params and a workspace of the size the library asks for, for
@@ -166,22 +208,31 @@ def time_ms(fn, reps, warmup=3):
     return statistics.median(times)
 
 
-def flops(b, h, sq, sk, d, causal):
-    f = 4.0 * b * h * sq * sk * d
+def flops(b, h, sq, sk, d, causal, mode="fwd"):
+    f = 4.0 * b * h * sq * sk * d * {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}[mode]
     return f / 2 if causal else f
+
+
+def write_csv(path, header, rows):
+    if path:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w") as f:
+            f.write(header + "\n" + "\n".join(rows) + "\n")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", default="fwd", choices=["fwd", "decode"])
+    ap.add_argument("--mode", default="fwd", choices=["fwd", "bwd", "fwdbwd", "decode"])
     ap.add_argument("--lib", default=os.environ.get("FLASHC_LIBRARY", "build/libflashc.so"))
     ap.add_argument("--dtypes", default="bf16,fp16")
     ap.add_argument("--headdims", default="64,128,256")
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--backends", default="sdpa-flash,sdpa-cudnn,flashc-sm80,flashc",
-                    help="subset to time (flashc alone: a quick look at a tuning variant)")
+    ap.add_argument("--backends", default="",
+                    help="subset to time (flashc alone: a quick look at a tuning variant); default "
+                         "sdpa-flash,sdpa-cudnn,flashc-sm80,flashc (fwd, decode) or "
+                         "sdpa-flash,sdpa-cudnn,flashc-det,flashc (bwd, fwdbwd)")
     ap.add_argument("--csv", default="")
     ap.add_argument("--decode-shapes", default="32x32x32x4096,8x32x32x32768,1x32x32x131072,64x32x8x8192",
                     help="decode: batch x heads x kv_heads x keys, comma-separated")
@@ -190,8 +241,13 @@ def main():
     args = ap.parse_args()
 
     fc = Flashc(args.lib)
+    if not args.backends:
+        args.backends = ("sdpa-flash,sdpa-cudnn,flashc-det,flashc" if "bwd" in args.mode
+                         else "sdpa-flash,sdpa-cudnn,flashc-sm80,flashc")
     if args.mode == "decode":
         return bench_decode(args, fc)
+    if args.mode != "fwd":
+        return bench_bwd(args, fc)
     dts = {"bf16": torch.bfloat16, "fp16": torch.float16}
     rows, table = [], []
     header = "backend,mode,dtype,batch,seqlen_q,seqlen_k,heads,kv_heads,headdim,causal,ms,tflops,gbps,max_err"
@@ -257,10 +313,89 @@ def main():
                     print(line, flush=True)
                     table.append(line)
                     del q, k, v, out, lse, qt, kt, vt, ref
-    if args.csv:
-        os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
-        with open(args.csv, "w") as f:
-            f.write(header + "\n" + "\n".join(rows) + "\n")
+    write_csv(args.csv, header, rows)
+    print("\n== flashc vs SDPA, %s (TFLOP/s) ==" % args.mode)
+    print("\n".join(table))
+
+
+def bench_bwd(args, fc):
+    """--mode bwd / fwdbwd: the loop of main() with gradients."""
+    dts = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    header = "backend,mode,dtype,batch,seqlen_q,seqlen_k,heads,kv_heads,headdim,causal,ms,tflops,gbps,max_err"
+    rows, table = [], []
+    torch.manual_seed(0)
+    names = ["sdpa-flash", "sdpa-cudnn", "flashc-det", "flashc"]
+    for dn in args.dtypes.split(","):
+        dt = dts[dn]
+        for d in map(int, args.headdims.split(",")):
+            for s in map(int, args.seqlens.split(",")):
+                for causal in map(int, args.causal.split(",")):
+                    h, b = 2048 // d, max(1, 16384 // s)
+                    q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for _ in range(4))
+                    out = torch.empty_like(q)
+                    lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+                    dq, dk, dv = (torch.empty_like(q) for _ in range(3))
+                    fl = flops(b, h, s, s, d, causal, args.mode)
+                    nbytes = 8 * q.numel() * q.element_size()  # q k v o do read, dq dk dv written
+                    qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
+                    dot = dout.transpose(1, 2)
+
+                    def sdpa(backend):
+                        def graph():
+                            with sdpa_kernel(backend):
+                                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+                        if args.mode == "fwdbwd":
+                            return lambda: torch.autograd.grad(graph(), (qt, kt, vt), dot)
+                        o = graph()
+                        return lambda: torch.autograd.grad(o, (qt, kt, vt), dot, retain_graph=True)
+
+                    def flashc(det):
+                        call = fc.bwd_call(dout, q, k, v, out, lse, dq, dk, dv, causal, det)
+                        fc.fwd(q, k, v, out, lse, causal)
+                        if args.mode == "fwdbwd":
+                            return lambda: (fc.fwd(q, k, v, out, lse, causal), fc.bwd(call))
+                        return lambda: fc.bwd(call)
+
+                    ref = sdpa(SDPBackend.FLASH_ATTENTION)()
+                    ref = [g.transpose(1, 2).float() for g in ref]
+                    results = []
+                    for name in (n for n in names if n in args.backends.split(",")):
+                        try:
+                            if name.startswith("flashc"):
+                                fn = flashc(name == "flashc-det")
+                            else:
+                                fn = sdpa(SDPBackend.FLASH_ATTENTION if name == "sdpa-flash"
+                                          else SDPBackend.CUDNN_ATTENTION)
+                            for t in (dq, dk, dv):
+                                t.fill_(float("nan"))
+                            fn()
+                            torch.cuda.synchronize()
+                            err = ""
+                            if name.startswith("flashc"):
+                                err = "%.3g" % max((g.float() - r).abs().max().item()
+                                                   for g, r in zip((dq, dk, dv), ref))
+                            results.append((name, time_ms(fn, args.reps), err))
+                        except Exception as e:  # a backend that cannot run this shape
+                            print("  %s d%d s%d causal%d: %s" % (name, d, s, causal, str(e)[:200]),
+                                  file=sys.stderr)
+                            results.append((name, float("nan"), ""))
+                    for name, ms, err in results:
+                        rows.append("%s,%s,%s,%d,%d,%d,%d,%d,%d,%d,%.4f,%.1f,%.1f,%s" %
+                                    (name, args.mode, dn, b, s, s, h, h, d, causal, ms,
+                                     fl / (ms * 1e-3) / 1e12, nbytes / (ms * 1e-3) / 1e9, err))
+                    base = {n: float("nan") for n in names}
+                    base.update({n: m for n, m, _ in results})
+                    line = ("%s d%-3d s%-5d %-6s flashc %6.1f  flashc-det %6.1f  sdpa-flash %6.1f  "
+                            "sdpa-cudnn %6.1f TFLOP/s  (flashc/FA2 %.2fx) err %s" %
+                            (dn, d, s, "causal" if causal else "", fl / base["flashc"] / 1e9,
+                             fl / base["flashc-det"] / 1e9, fl / base["sdpa-flash"] / 1e9,
+                             fl / base["sdpa-cudnn"] / 1e9, base["sdpa-flash"] / base["flashc"],
+                             results[-1][2]))
+                    print(line, flush=True)
+                    table.append(line)
+                    del q, k, v, dout, out, lse, dq, dk, dv, qt, kt, vt, ref
+                    torch.cuda.empty_cache()
+    write_csv(args.csv, header, rows)
     print("\n== flashc vs SDPA, %s (TFLOP/s) ==" % args.mode)
     print("\n".join(table))
 
@@ -365,10 +500,7 @@ def bench_decode(args, fc):
             table.append(line)
         del q, k, v, out, lse, qt, kt, vt, ref
         torch.cuda.empty_cache()
-    if args.csv:
-        os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
-        with open(args.csv, "w") as f:
-            f.write(header + "\n" + "\n".join(rows) + "\n")
+    write_csv(args.csv, header, rows)
     print("\n== flashc vs SDPA, decode (GB/s of K and V read) ==")
     print("\n".join(table))
 

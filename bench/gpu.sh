@@ -8,18 +8,20 @@
 #   4. bench/compare.py against PyTorch SDPA (flash and cuDNN) in the same run
 #   5. bench/compare.py --mode decode: decode bandwidth, contiguous and paged
 #      caches, against SDPA and a device copy
+#   6. bench/compare.py --mode bwd (and fwdbwd): the backward against SDPA's
 # Full logs go to $OUT (or bench/results when OUT is unset); the short table is
 # printed last. Steps can be chosen: bench/gpu.sh build test sanitize cli bench
-# decode (default: all). FAMILIES picks the kernel families tested (default
-# "auto sm80"), SANITIZE_FILTER and SANITIZE_TOOLS the sanitizer's cases
-# (default "d64") and tools. BENCH_ARGS passes flags to compare.py (DECODE_ARGS
+# decode bwd (default: all). FAMILIES picks the kernel families tested (default
+# "auto sm80"; the backward, which has one family, is tested with the first),
+# SANITIZE_FILTER and SANITIZE_TOOLS the sanitizer's cases (default "d64") and
+# tools. BWD_ARGS passes flags to the backward runs. BENCH_ARGS passes flags to compare.py (DECODE_ARGS
 # to the decode run); FLASHC_CUDA_HEADDIMS
 # (e.g. "64;128;256") trims the kernels built, for quicker tuning builds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench/results}
 mkdir -p "$out"
-steps=${*:-build test sanitize cli bench decode}
+steps=${*:-build test sanitize cli bench decode bwd}
 has() { [[ " $steps " == *" $1 "* ]]; }
 status=0
 
@@ -39,8 +41,14 @@ families=${FAMILIES:-auto sm80}
 
 if has test; then
   echo "== GPU tests =="
+  first=1
   for fam in $families; do
-    FLASHC_CUDA_FAMILY=$fam ./build/flashc_gpu_tests ${TEST_FILTER:-} > "$out/gpu_tests_$fam.log" 2>&1 || status=1
+    # the backward cases once: their forward family is the only difference
+    filter=${TEST_FILTER:-}
+    [[ -z "$filter" && $first == 0 ]] && filter="gpu_fwd gpu_kvcache"
+    first=0
+    FLASHC_CUDA_FAMILY=$fam timeout "${TEST_TIMEOUT:-900}" ./build/flashc_gpu_tests $filter \
+      > "$out/gpu_tests_$fam.log" 2>&1 || status=1
     grep -E "^not ok|FAIL" "$out/gpu_tests_$fam.log" | head -20
     echo "family $fam: $(tail -1 "$out/gpu_tests_$fam.log")"
   done
@@ -91,5 +99,14 @@ if has decode; then
     ${DECODE_ARGS:-} > "$out/compare_decode.log" 2>&1 || status=1
   sed -n '/^== flashc vs SDPA, decode/,$p' "$out/compare_decode.log"
   grep -v "^bf16\|^fp16\|^==\|^device copy" "$out/compare_decode.log" | tail -5
+fi
+if has bwd; then
+  echo "== backward benchmark =="
+  for mode in bwd fwdbwd; do
+    PYTHONUNBUFFERED=1 python3 bench/compare.py --mode $mode --csv "$out/compare_$mode.csv" \
+      ${BWD_ARGS:-} > "$out/compare_$mode.log" 2>&1 || status=1
+    sed -n "/^== flashc vs SDPA/,\$p" "$out/compare_$mode.log"
+    grep -v "^bf16\|^fp16\|^==" "$out/compare_$mode.log" | tail -5
+  done
 fi
 exit $status
