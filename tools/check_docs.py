@@ -19,7 +19,16 @@ Pages may mark a prefix as pending, for code another branch is writing:
     <!-- check_docs: pending python/ (issue 6) -->
 
 A reference under a pending prefix whose file does not exist yet is listed as
-pending, not failed; once the file exists it is checked like any other.
+pending, not failed; once the file exists it is checked like any other. A
+section written ahead of the code it describes (a branch not merged yet) is
+fenced by
+
+    <!-- check_docs: pending-until src/cuda/sm80/bwd_kernel.cuh -->
+    ...
+    <!-- check_docs: end -->
+
+and its references are pending while that file does not exist; from the merge
+that adds it on, every reference in the section is checked.
 
     python3 tools/check_docs.py [PAGE.md ...]
 
@@ -36,6 +45,8 @@ TOP = {"src", "include", "tools", "tests", "bench", "docs", "scripts", "python",
        "CMakeLists.txt", "README.md", "DEVELOPERS.md", "run.sh", "test.sh"}
 REF = re.compile(r"`([A-Za-z0-9_.][A-Za-z0-9_./-]*)(?::([A-Za-z_][A-Za-z0-9_]*))?`")
 PENDING = re.compile(r"<!--\s*check_docs:\s*pending\s+(\S+)")
+GATE = re.compile(r"<!--\s*check_docs:\s*pending-until\s+(\S+)\s*-->")
+GATE_END = re.compile(r"<!--\s*check_docs:\s*end\s*-->")
 
 
 def code_only(path, text):
@@ -57,10 +68,21 @@ def check_page(page):
     text = (ROOT / page).read_text()
     pending = PENDING.findall(text)
     checked, waiting, bad = [], [], []
+    gated = False  # inside a pending-until section whose file does not exist yet
     for lineno, line in enumerate(text.splitlines(), 1):
+        g = GATE.search(line)
+        if g:
+            gated = not (ROOT / g.group(1)).exists()
+            continue
+        if GATE_END.search(line):
+            gated = False
+            continue
         for m in REF.finditer(line):
             path, name = m.group(1).rstrip("/"), m.group(2)
             if path.split("/")[0] not in TOP:
+                continue
+            if gated:
+                waiting.append(m.group(0))
                 continue
             f = ROOT / path
             if not f.exists():
@@ -88,7 +110,8 @@ def main():
         names = [r for r in checked if ":" in r]
         print("check_docs: %s: %d references (%d files, %d names) exist%s" %
               (page, len(checked), len(files), len(names),
-               ", %d pending: %s" % (len(waiting), " ".join(sorted(set(waiting))))
+               ", %d pending (code not merged yet) in %s" %
+               (len(waiting), " ".join(sorted({r.strip("`").split(":")[0] for r in waiting})))
                if waiting else ""))
         failures += bad
     for f in failures:
