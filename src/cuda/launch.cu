@@ -18,6 +18,8 @@
 // 9.0 when the build has sm_90a code, for head dims above 32; sm80 (mma.sync,
 // sm80/fwd_kernel.cuh) everywhere else (>= 8.0). FLASHC_CUDA_FAMILY=sm80 in the
 // environment forces sm80 on Hopper too (tests and benchmarks of both).
+// With FLASHC_LOG=1 every launch writes one line (FC_LOG, src/util.c): the
+// kernel, its tile, grid, block, shared memory and, for decode, num_splits.
 // Nothing here synchronises, allocates, or reads device memory: every pointer
 // in fc_attn (tensors, cu_seqlens, seqused_k, block_table, ...) is a device
 // pointer on this path, and api.c must not have read their contents.
