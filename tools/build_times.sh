@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # build_times.sh : measure the three builds docs/BUILD.md quotes, each from a
-# clean build directory with `cmake --build -j$JOBS` (default 2) and Ninja:
+# clean build directory with `cmake --build -j$JOBS` (default 2), with Ninja
+# when it is installed (else CMake's default generator, without step times):
 #   cpu       -DFLASHC_CUDA=OFF
 #   cuda-all  -DFLASHC_CUDA=ON  -DFLASHC_CUDA_ARCHS="80;90a" (every head dim,
 #             forward, backward and decode)
@@ -35,6 +36,8 @@ flags_of() {
   esac
 }
 
+gen=()  # Ninja when there is one: its .ninja_log times every step
+command -v ninja >/dev/null && gen=(-G Ninja)
 commit=${COMMIT:-$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo "not a git checkout")}
 mkdir -p "$work"
 echo "flashc build times: $(date -u '+%Y-%m-%d %H:%M UTC'), source $src ($commit), -j$jobs, $(nproc) cores"
@@ -45,14 +48,14 @@ for b in $builds; do
   load=$(uptime | sed 's/.*load average: //')
   echo "== $b: load before: $load"
   # shellcheck disable=SC2046 # the flags are words
-  cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release $(flags_of "$b") >"$dir.configure.log"
+  cmake -S "$src" -B "$dir" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release $(flags_of "$b") >"$dir.configure.log"
   t0=$(date +%s.%N)
   cmake --build "$dir" -j"$jobs" >"$dir.build.log" 2>&1 || { tail -20 "$dir.build.log"; exit 1; }
   t1=$(date +%s.%N)
   secs=$(awk "BEGIN { print $t1 - $t0 }")
-  units=$(grep -c . "$dir/.ninja_log" || true)
+  units=$(grep -c . "$dir/.ninja_log" 2>/dev/null || echo 0)
   table+=("$(printf '%-10s %8.1f s  %4d steps  load before: %s' "$b" "$secs" "$((units - 1))" "$load")")
-  if [ "$b" != cpu ]; then
+  if [ "$b" != cpu ] && [ -f "$dir/.ninja_log" ]; then
     echo "   slowest steps (seconds, output):"
     # .ninja_log v5: start_ms end_ms mtime output hash
     awk 'NR > 1 { printf "%8.1f  %s\n", ($2 - $1) / 1000, $4 }' "$dir/.ninja_log" | sort -rn | head -8
