@@ -3,10 +3,14 @@
 # Installs what it needs on a fresh Debian/Ubuntu machine, builds the library with
 # the CUDA backend compiled when nvcc is present (compile only: the GPU tests need a
 # GPU), runs the CPU test suite, then rebuilds with ASan + UBSan and runs it again.
+# First it checks that the files and functions docs/ names exist (tools/check_docs.py).
 set -euo pipefail
 cd "$(dirname "$0")"
 
 source scripts/deps.sh
+
+echo "== docs: every file and function docs/ names exists =="
+python3 tools/check_docs.py
 
 echo "== build (Release) =="
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release

@@ -1,9 +1,10 @@
-# deps.sh : sourced by run.sh and test.sh. Installs cmake and a C compiler when
+# deps.sh : sourced by run.sh and test.sh. Installs cmake, a C compiler and python3 when
 # missing (as root, from the distribution), and puts nvcc on PATH when the CUDA
 # toolkit sits in /usr/local/cuda, so that CMake builds the CUDA backend.
 need=()
 command -v cmake >/dev/null || need+=(cmake)
 command -v cc >/dev/null || need+=(build-essential)
+command -v python3 >/dev/null || need+=(python3)  # tools/check_docs.py
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && apt-get install -y -qq "${need[@]}"

@@ -861,6 +861,27 @@ static void fc_kv_fill(fc_call *call, int32_t *region) {
     kc->attn.seqlens_k = total_b;
 }
 
+// ---- the launch log ----
+/* The dispatch line of FLASHC_LOG: the entry point, the backend that runs it,
+ * the problem, and where the workspace comes from. */
+static void fc_log_call(const fc_call *call, size_t ws_bytes, bool borrowed) {
+    const fc_attn *a = call->op == FC_OP_KVCACHE ? &call->kc.attn : &call->attn;
+    const bool varlen = a->cu_seqlens_q != NULL;
+    const char *entry = call->op == FC_OP_KVCACHE ? "flashc_fwd_kvcache"
+                        : call->op == FC_OP_BWD   ? (varlen ? "flashc_varlen_bwd" : "flashc_bwd")
+                                                  : (varlen ? "flashc_varlen_fwd" : "flashc_fwd");
+    fc_log("%s: backend=%s dtype=%s B=%lld H=%lld Hk=%lld Sq=%lld Sk=%lld D=%lld causal=%d "
+           "window=(%d,%d) softcap=%g dropout=%g alibi=%d page_size=%lld new=%lld rotary_dim=%lld "
+           "workspace=%zu (%s)",
+           entry, flashc_backend_name(call->backend), flashc_dtype_name(a->dtype),
+           (long long)a->batch, (long long)a->heads, (long long)a->kv_heads,
+           (long long)a->max_seqlen_q, (long long)a->max_seqlen_k, (long long)a->head_dim,
+           (int)a->causal, (int)a->window_left, (int)a->window_right, (double)a->softcap,
+           (double)a->dropout_p, a->alibi != NULL, (long long)a->page_size,
+           (long long)call->kc.seqlen_new, (long long)call->kc.rotary_dim, ws_bytes,
+           borrowed ? "allocator" : "caller");
+}
+
 // ---- workspace and dispatch ----
 enum { FC_WS_API, FC_WS_BACKEND, FC_WS_REGIONS };
 
@@ -921,6 +942,7 @@ static flashc_status fc_run(fc_call *call, void *ws, size_t ws_bytes) {
             return fc_set_error(FLASHC_ERR_WORKSPACE_TOO_SMALL, "workspace_bytes=%zu but %zu are needed",
                                 ws_bytes, need);
     }
+    if (fc_log_on()) fc_log_call(call, need, owned != NULL);
     char *base = (char *)ws;
     void *bws = base ? base + off[FC_WS_BACKEND] : NULL;
     size_t bbytes = base ? ws_bytes - off[FC_WS_BACKEND] : 0;

@@ -36,6 +36,26 @@ void fc_clear_error(void);
         if (!(cond)) return fc_set_error(FLASHC_ERR_INVALID_ARG, __VA_ARGS__); \
     } while (0)
 
+/* ---- the launch log: FLASHC_LOG=1 ---- */
+/* fc_log_on() : whether FLASHC_LOG is set to anything but "" or "0"; the
+ * environment is read once, then the answer is one relaxed atomic load.
+ * fc_log() : write one line, "flashc: " + the printf-style text + "\n", to
+ * stderr in one write. FC_LOG(...) does both, so a call site costs one branch
+ * when the log is off. One line per dispatch (api.c) and per kernel launch
+ * (src/cpu, src/cuda/launch.cu); the library prints nothing else.
+ * fc_log_reload() forgets the cached answer (tests that set FLASHC_LOG). */
+bool fc_log_on(void);
+void fc_log(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+void fc_log_reload(void);
+#define FC_LOG(...)                         \
+    do {                                    \
+        if (fc_log_on()) fc_log(__VA_ARGS__); \
+    } while (0)
+
 #define FC_TRY(expr)                         \
     do {                                     \
         flashc_status fc_try_s_ = (expr);    \

@@ -1,7 +1,8 @@
-/* util.c : the thread-local last error, fp16 conversion, workspace layout and
- * the allocator behind the convenience path. */
+/* util.c : the thread-local last error, the launch log (FLASHC_LOG), fp16
+ * conversion, workspace layout and the allocator behind the convenience path. */
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,35 @@ const char *flashc_status_string(flashc_status s) {
 #undef FC_STATUS_CASE_
     default: return "unknown status";
     }
+}
+
+/* ---- the launch log ---- */
+static atomic_int fc_log_state = -1; /* -1: FLASHC_LOG not read yet; else 0 or 1 */
+
+bool fc_log_on(void) {
+    int on = atomic_load_explicit(&fc_log_state, memory_order_relaxed);
+    if (on < 0) {
+        const char *env = getenv("FLASHC_LOG");
+        on = env && *env && strcmp(env, "0") != 0;
+        atomic_store_explicit(&fc_log_state, on, memory_order_relaxed);
+    }
+    return on != 0;
+}
+
+void fc_log_reload(void) { atomic_store_explicit(&fc_log_state, -1, memory_order_relaxed); }
+
+void fc_log(const char *fmt, ...) {
+    char line[512];
+    static const char prefix[] = "flashc: ";
+    memcpy(line, prefix, sizeof prefix - 1);
+    size_t room = sizeof line - (sizeof prefix - 1) - 1; /* keep one byte for the newline */
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line + sizeof prefix - 1, room + 1, fmt, ap);
+    va_end(ap);
+    size_t len = sizeof prefix - 1 + (n < 0 ? 0 : (size_t)n < room ? (size_t)n : room);
+    line[len++] = '\n';
+    fwrite(line, 1, len, stderr); /* one write: lines of concurrent calls do not interleave */
 }
 
 /* ---- fp16 <-> fp32, exact, round to nearest even ---- */

@@ -565,6 +565,9 @@ flashc_status fc_cpu_bwd(const fc_attn *a, void *ws, size_t ws_bytes) {
     c.drop_scale = (float)(1.0 / (1.0 - (double)a->dropout_p));
     atomic_init(&c.bad_thread, 0);
 
+    FC_LOG("cpu bwd: simd=%s schedule=%s Br=%d Bc=%d threads=%d",
+           flashc_simd_name(flashc_simd_active()), c.pl.fused ? "fused" : "dkdv+dq", c.pl.br,
+           c.pl.bc, c.pl.threads);
     fc_pool_run(a->batch * a->heads, fc_bwd_delta_task, &c);
     if (c.pl.fused) {
         fc_pool_run(a->batch * a->kv_heads, fc_bwd_fused_task, &c);

@@ -488,6 +488,9 @@ flashc_status fc_cpu_fwd(const fc_attn *a, void *ws, size_t ws_bytes) {
                                i * a->probs_s_row,
                            0, (size_t)a->max_seqlen_k * sizeof(float));
 
+    FC_LOG("cpu fwd: simd=%s bf16_dot=%d Br=%d Bc=%d tasks=%lld threads=%d",
+           flashc_simd_name(flashc_simd_active()), p.dot, p.Br, p.Bc, (long long)task0[a->batch],
+           p.nthreads);
     fc_pool_run(task0[a->batch], fc_fwd_task, &x);
     return FLASHC_OK;
 }

@@ -18,6 +18,8 @@
 // 9.0 when the build has sm_90a code, for head dims above 32; sm80 (mma.sync,
 // sm80/fwd_kernel.cuh) everywhere else (>= 8.0). FLASHC_CUDA_FAMILY=sm80 in the
 // environment forces sm80 on Hopper too (tests and benchmarks of both).
+// With FLASHC_LOG=1 every launch writes one line (FC_LOG, src/util.c): the
+// kernel, its tile, grid, block, shared memory and, for decode, num_splits.
 // Nothing here synchronises, allocates, or reads device memory: every pointer
 // in fc_attn (tensors, cu_seqlens, seqused_k, block_table, ...) is a device
 // pointer on this path, and api.c must not have read their contents.
@@ -32,6 +34,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <type_traits>
 
 #include "backend.h"
 #include "common/repack.cuh"
@@ -197,10 +201,21 @@ static dim3 fc_fwd_grid(const fc_cuda_fwd_params &p, int br) {
     return dim3((unsigned)((p.seqlen_q + br - 1) / br), (unsigned)p.heads, (unsigned)p.batch);
 }
 
+// "bf16" or "fp16", for the launch log.
+template <typename T>
+static const char *fc_cuda_dtype_name() {
+    return std::is_same<T, __nv_bfloat16>::value ? "bf16" : "fp16";
+}
+
 template <int D, typename T>
 static cudaError_t fc_sm80_fwd_run(const fc_cuda_fwd_params &p, bool causal,
                                    cudaStream_t stream) {
-    const dim3 grid = fc_fwd_grid(p, fc_sm80_fwd_traits<D>::kBr);
+    using Tr = fc_sm80_fwd_traits<D>;
+    const dim3 grid = fc_fwd_grid(p, Tr::kBr);
+    FC_LOG("sm80_fwd_kernel<D=%d, %s, causal=%d>: Br=%d Bc=%d warps=%d stages=%d q_in_regs=%d "
+           "grid=(%u,%u,%u) block=%d smem=%d", D, fc_cuda_dtype_name<T>(), (int)causal, Tr::kBr,
+           Tr::kBc, Tr::kWarps, Tr::kStages, (int)Tr::kQinRegs, grid.x, grid.y, grid.z,
+           Tr::kThreads, Tr::kSmemBytes);
     return causal ? sm80_fwd_launch<D, T, true>(p, grid, stream)
                   : sm80_fwd_launch<D, T, false>(p, grid, stream);
 }
@@ -208,7 +223,12 @@ static cudaError_t fc_sm80_fwd_run(const fc_cuda_fwd_params &p, bool causal,
 template <int D, typename T>
 static cudaError_t fc_sm90_fwd_run(const fc_cuda_fwd_params &p, bool causal,
                                    cudaStream_t stream) {
-    const dim3 grid = fc_fwd_grid(p, fc_sm90_fwd_traits<D>::kBr);
+    using Tr = fc_sm90_fwd_traits<D>;
+    const dim3 grid = fc_fwd_grid(p, Tr::kBr);
+    FC_LOG("sm90_fwd_kernel<D=%d, %s, causal=%d>: Br=%d Bc=%d warpgroups=%d stages=%d "
+           "grid=(%u,%u,%u) block=%d smem=%d", D, fc_cuda_dtype_name<T>(), (int)causal, Tr::kBr,
+           Tr::kBc, Tr::kWarpgroups, Tr::kStages, grid.x, grid.y, grid.z, Tr::kThreads,
+           Tr::kSmemBytes);
     return causal ? sm90_fwd_launch<D, T, true>(p, grid, stream)
                   : sm90_fwd_launch<D, T, false>(p, grid, stream);
 }
@@ -665,6 +685,15 @@ static cudaError_t fc_decode_ctas_per_sm(int dim, bool bf16, int *n) {
     }
 }
 
+// The launch log line of the decode instance D.
+template <int D>
+static void fc_decode_log(const fc_cuda_decode_params &p, unsigned grid, bool bf16) {
+    using Tr = fc_sm80_decode_traits<D>;
+    FC_LOG("sm80_decode_kernel<D=%d, %s>: rows=%d m_blocks=%d Bc=%d warps=%d stages=%d grid=%u "
+           "block=%d smem=%d num_splits=%d", D, bf16 ? "bf16" : "fp16", p.rows, p.m_blocks, Tr::kBc,
+           Tr::kWarps, Tr::kStages, grid, Tr::kThreads, Tr::kSmemBytes, p.splits);
+}
+
 // Workspace regions: the rotated q (dense [B, Sq, H, D]), the key lengths
 // [B] int32 of step 2b, the split partials (decode_params.h), step 2b's own.
 enum { FC_KVW_QROT, FC_KVW_LENS, FC_KVW_OACC, FC_KVW_LSEACC, FC_KVW_FWD, FC_KVW_N };
@@ -861,6 +890,7 @@ extern "C" flashc_status fc_cuda_kvcache(const fc_kvcache *kc, void *ws, size_t 
     switch (pl.dim) {
 #define FC_CASE_(D)                                                              \
     case D:                                                                      \
+        fc_decode_log<D>(p, grid, bf16);                                         \
         e = bf16 ? sm80_decode_launch<D, __nv_bfloat16>(p, grid, stream)         \
                  : sm80_decode_launch<D, __half>(p, grid, stream);               \
         break;

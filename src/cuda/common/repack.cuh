@@ -78,6 +78,9 @@ static inline cudaError_t fc_cuda_pack(void *dst, const fc_view &v, const fc_cud
                                        int64_t d, int64_t dp, cudaStream_t stream) {
     const int64_t n = fc_cuda_pack_elems(e, dp);
     if (n == 0) return cudaSuccess;
+    FC_LOG("fc_cuda_pack_kernel: [%lld, %lld, %lld, %lld of %lld] grid=%u block=256 smem=0",
+           (long long)e.n0, (long long)e.n1, (long long)e.heads, (long long)d, (long long)dp,
+           fc_cuda_pack_blocks(n));
     fc_cuda_pack_kernel<<<fc_cuda_pack_blocks(n), 256, 0, stream>>>(
         (uint16_t *)dst, (const uint16_t *)v.ptr, e, v.s_batch, v.s_seq, v.s_head, d, dp);
     return cudaGetLastError();
@@ -89,6 +92,9 @@ static inline cudaError_t fc_cuda_unpack(const fc_view &v, const void *src,
                                          const int32_t *cu_q, int64_t batch, cudaStream_t stream) {
     const int64_t n = fc_cuda_pack_elems(e, d);
     if (n == 0) return cudaSuccess;
+    FC_LOG("fc_cuda_unpack_kernel: [%lld, %lld, %lld, %lld of %lld] grid=%u block=256 smem=0",
+           (long long)e.n0, (long long)e.n1, (long long)e.heads, (long long)d, (long long)dp,
+           fc_cuda_pack_blocks(n));
     fc_cuda_unpack_kernel<<<fc_cuda_pack_blocks(n), 256, 0, stream>>>(
         (uint16_t *)v.ptr, (const uint16_t *)src, e, v.s_batch, v.s_seq, v.s_head, d, dp, cu_q,
         batch);

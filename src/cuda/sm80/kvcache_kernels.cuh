@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "../common/merge.cuh"
+#include "../../internal.h"
 #include "../common/ptx.cuh"
 #include "../decode_params.h"
 
@@ -204,8 +205,10 @@ static cudaError_t fc_kvcache_prep(const fc_cuda_kvprep_params &p, cudaStream_t 
     const int64_t jobs = p.n_append + p.n_q + p.n_lens;
     if (jobs == 0) return cudaSuccess;
     const int64_t blocks = (jobs + 7) / 8;  // 8 warps of 256 threads
-    sm80_kvcache_prep_kernel<T>
-        <<<(unsigned)(blocks < (1 << 20) ? blocks : (1 << 20)), 256, 0, stream>>>(p);
+    const unsigned grid = (unsigned)(blocks < (1 << 20) ? blocks : (1 << 20));
+    FC_LOG("sm80_kvcache_prep_kernel: append=%lld rotary_q=%lld lens=%lld grid=%u block=256 smem=0",
+           (long long)p.n_append, (long long)p.n_q, (long long)p.n_lens, grid);
+    sm80_kvcache_prep_kernel<T><<<grid, 256, 0, stream>>>(p);
     return cudaGetLastError();
 }
 
@@ -214,6 +217,8 @@ template <typename T>
 static cudaError_t fc_decode_combine(const fc_cuda_decode_params &p, cudaStream_t stream) {
     const int64_t rows = (int64_t)p.f.batch * p.kv_heads * p.rows;
     const int64_t blocks = (rows + FC_COMBINE_WARPS - 1) / FC_COMBINE_WARPS;
+    FC_LOG("sm80_decode_combine_kernel: rows=%lld num_splits=%d grid=%lld block=%d smem=0",
+           (long long)rows, p.splits, (long long)blocks, 32 * FC_COMBINE_WARPS);
     sm80_decode_combine_kernel<T><<<(unsigned)blocks, 32 * FC_COMBINE_WARPS, 0, stream>>>(p);
     return cudaGetLastError();
 }
