@@ -384,8 +384,8 @@ def test_kvcache(device, dtype, case):
         table = perm.view(b, per).to(torch.int32).to(device)
         kcall = torch.empty(b * per, page, hk, d, dtype=dt, device=device)
         vcall = torch.empty_like(kcall)
-        kcall[table.long().cpu().flatten()] = kc.reshape(b * per, page, hk, d)
-        vcall[table.long().cpu().flatten()] = vc.reshape(b * per, page, hk, d)
+        kcall[table.long().flatten()] = kc.reshape(b * per, page, hk, d)
+        vcall[table.long().flatten()] = vc.reshape(b * per, page, hk, d)
     sl = 6 if case.get("cache_seqlens_int") else seqlens.to(device)
     out, lse = flashc.flash_attn_with_kvcache(
         q, kcall, vcall, knew, vnew, rotary_cos=cos, rotary_sin=sin, cache_seqlens=sl,
