@@ -438,12 +438,21 @@ def test_dropout(device, dtype, opts, monkeypatch):
                   (q, k, v), dt, names="qkv")
 
 
-def test_dropout_statistics_and_rng():
+def test_dropout_statistics():
     p = 0.25
     q, k, v = (rand(2, 64, 4, 8, seed=s) for s in (40, 41, 42))
     _, _, probs = flashc.flash_attn_func(q, k, v, p, return_attn_probs=True)
     frac = torch.signbit(probs).float().mean().item()
     assert abs(frac - p) < 0.02, frac  # 32768 Bernoulli(0.25) draws: sigma 0.0024
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dropout_rng(device):
+    """Seeds come from torch's generator of the device: manual_seed repeats a mask,
+    and the next call draws another one."""
+    dt = torch.float16
+    q, k, v = (rand(2, 16, 4, 8, device=device, dtype=dt, seed=s) for s in (40, 41, 42))
+    p = 0.25
     torch.manual_seed(5)
     a = flashc.flash_attn_func(q, k, v, p)
     b = flashc.flash_attn_func(q, k, v, p)
@@ -641,3 +650,19 @@ def test_apply_rotary_emb(interleaved):
     xg = x.clone().requires_grad_()
     apply_rotary_emb(xg, cos, sin, interleaved).square().sum().backward()
     assert torch.allclose(xg.grad, 2 * x, atol=1e-5)  # a rotation keeps the norm
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_current_stream():
+    """The call is ordered on torch.cuda.current_stream(), not on the default stream."""
+    q, k, v = (rand(2, 64, 4, 64, device="cuda", dtype=torch.float16, seed=s)
+               for s in (100, 101, 102))
+    want = flashc.flash_attn_func(q, k, v, causal=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = flashc.flash_attn_func(q, k, v, causal=True)
+        got_cache = flashc.flash_attn_with_kvcache(q, k, v, causal=True)
+    side.synchronize()
+    assert torch.equal(got, want)
+    assert torch.allclose(got_cache, want, atol=2e-3)
