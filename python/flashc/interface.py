@@ -24,6 +24,9 @@ Where flashc differs from flash_attn on purpose:
   CPU copies with the same seed (every backend draws the same mask).
 - a backward through flash_attn_varlen_func with block_table raises FlashcError
   (the C varlen backward has no paged layout; flash_attn has no such backward either).
+- a tensor with no elements (batch 0, seqlen 0) has a NULL data pointer in torch,
+  which the library reads as an absent argument: such calls raise
+  FlashcArgumentError ("q.data is NULL") where flash_attn returns empty outputs.
 """
 from typing import Optional, Tuple
 
