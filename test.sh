@@ -2,7 +2,9 @@
 # test.sh : build flashc and run its tests (the command README.md names and CI runs).
 # Installs what it needs on a fresh Debian/Ubuntu machine, builds the library with
 # the CUDA backend compiled when nvcc is present (compile only: the GPU tests need a
-# GPU), runs the CPU test suite, then rebuilds with ASan + UBSan and runs it again.
+# GPU), rebuilds with ASan + UBSan and runs the CPU test suite there, runs the Python
+# package's tests (pytest, in a venv with PyPI's torch that scripts/venv.sh makes once
+# in .venv) against the Release library, and ends with the C suite in Release.
 # First it checks that the files and functions docs/ names exist (tools/check_docs.py).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -23,6 +25,10 @@ cmake --build build-asan -j"$jobs" --target flashc_tests
 echo "== tests under ASan + UBSan =="
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
   ./build-asan/flashc_tests
+
+echo "== Python tests (pytest on tests/python, CPU tensors; the venv takes ~2 min the first time) =="
+py=$(bash scripts/venv.sh)
+FLASHC_LIBRARY=build/libflashc.so PYTHONPATH=python "$py" -m pytest tests/python -q -p no:cacheprovider
 
 echo "== tests (Release) =="
 ./build/flashc_tests

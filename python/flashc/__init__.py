@@ -1,0 +1,24 @@
+"""flashc : FlashAttention in C, with flash_attn 2.x's Python API on torch tensors.
+
+    import flashc as flash_attn
+    out = flash_attn.flash_attn_func(q, k, v, causal=True)
+
+The functions run libflashc.so through ctypes (flashc._lib), so one build works with
+any torch from 1.13 on: nothing is compiled against torch. CPU tensors run on
+flashc's CPU backend, CUDA tensors on its CUDA backend. Also here, as in flash_attn:
+flashc.bert_padding (unpad_input, pad_input) and flashc.layers.rotary
+(apply_rotary_emb). Errors from the library raise FlashcError (FlashcArgumentError,
+also a ValueError, for a bad argument) with the library's message.
+"""
+from ._lib import FlashcArgumentError, FlashcError, version
+from .interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
+                        flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
+                        flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)
+from .layers.rotary import apply_rotary_emb
+
+__version__ = version()
+
+__all__ = ["FlashcArgumentError", "FlashcError", "apply_rotary_emb", "flash_attn_func",
+           "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
+           "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
+           "flash_attn_with_kvcache", "version"]

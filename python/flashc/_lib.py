@@ -1,0 +1,194 @@
+"""flashc._lib : the one ctypes binding of libflashc.so (include/flashc.h).
+
+It holds the C structs as ctypes declarations, finds and loads the library, turns a
+torch tensor into a flashc_tensor description, and runs one entry point with the
+workspace it asks for, raising FlashcError with the library's message on failure.
+It knows nothing of flash_attn's API (interface.py) and never touches torch's C++
+ABI: only data pointers, shapes and strides cross into C.
+
+The library is found, in this order: the path in $FLASHC_LIBRARY; libflashc.so
+installed next to this file (by `pip install .`); build/libflashc.so of the source
+tree this package sits in (python/flashc -> ../../build), for PYTHONPATH=python.
+"""
+import ctypes
+import os
+
+import torch
+
+# ---- the C API (include/flashc.h), field for field ----
+MAX_DIMS = 4
+WORKSPACE_ALIGN = 256
+
+STATUS_NAMES = ("FLASHC_OK", "FLASHC_ERR_INVALID_ARG", "FLASHC_ERR_UNSUPPORTED",
+                "FLASHC_ERR_WORKSPACE_TOO_SMALL", "FLASHC_ERR_OUT_OF_MEMORY", "FLASHC_ERR_CUDA",
+                "FLASHC_ERR_INTERNAL")
+OK, ERR_INVALID_ARG, ERR_UNSUPPORTED = 0, 1, 2
+
+DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int32: 3}
+DEVICES = {"cpu": 0, "cuda": 1}
+BACKEND_AUTO, BACKEND_CPU, BACKEND_CUDA = 0, 1, 2
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int32),
+                ("shape", ctypes.c_int64 * MAX_DIMS), ("stride", ctypes.c_int64 * MAX_DIMS),
+                ("device", ctypes.c_int)]
+
+
+class Params(ctypes.Structure):
+    _fields_ = [("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int32),
+                ("window_left", ctypes.c_int32), ("window_right", ctypes.c_int32),
+                ("softcap", ctypes.c_float), ("dropout_p", ctypes.c_float),
+                ("dropout_seed", ctypes.c_uint64), ("dropout_offset", ctypes.c_uint64),
+                ("deterministic", ctypes.c_int32), ("rotary_interleaved", ctypes.c_int32),
+                ("num_splits", ctypes.c_int32), ("backend", ctypes.c_int),
+                ("stream", ctypes.c_void_p)]
+
+
+def _args_struct(name, fields):
+    """A ctypes struct of flashc_tensor fields, with int64 fields where named so."""
+    ints = ("max_seqlen_q", "max_seqlen_k")
+    return type(name, (ctypes.Structure,),
+                {"_fields_": [(f, ctypes.c_int64 if f in ints else Tensor) for f in fields]})
+
+
+FwdArgs = _args_struct("FwdArgs", ("q", "k", "v", "out", "softmax_lse", "alibi_slopes",
+                                   "attn_probs"))
+VarlenFwdArgs = _args_struct("VarlenFwdArgs", (
+    "q", "k", "v", "out", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+    "seqused_k", "block_table", "softmax_lse", "alibi_slopes", "attn_probs"))
+BwdArgs = _args_struct("BwdArgs", ("dout", "q", "k", "v", "out", "softmax_lse", "dq", "dk",
+                                   "dv", "alibi_slopes"))
+VarlenBwdArgs = _args_struct("VarlenBwdArgs", (
+    "dout", "q", "k", "v", "out", "softmax_lse", "dq", "dk", "dv", "cu_seqlens_q",
+    "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "alibi_slopes"))
+KvcacheArgs = _args_struct("KvcacheArgs", (
+    "q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos", "rotary_sin", "cache_seqlens",
+    "cache_batch_idx", "cache_leftpad", "block_table", "alibi_slopes", "out", "softmax_lse"))
+
+# entry point -> its args struct (each has a *_workspace_size twin)
+ENTRY_POINTS = {"flashc_fwd": FwdArgs, "flashc_varlen_fwd": VarlenFwdArgs,
+                "flashc_bwd": BwdArgs, "flashc_varlen_bwd": VarlenBwdArgs,
+                "flashc_fwd_kvcache": KvcacheArgs}
+
+
+class FlashcError(RuntimeError):
+    """A flashc call failed. .status is the flashc_status value, .status_name its name;
+    the message is flashc_last_error(), which names the argument and its values."""
+
+    def __init__(self, status, message):
+        self.status = status
+        self.status_name = STATUS_NAMES[status] if 0 <= status < len(STATUS_NAMES) else str(status)
+        super().__init__("%s: %s" % (self.status_name, message))
+
+
+class FlashcArgumentError(FlashcError, ValueError):
+    """FLASHC_ERR_INVALID_ARG, or an argument the Python layer rejects before the call."""
+
+
+def raise_for(status, message):
+    cls = FlashcArgumentError if status == ERR_INVALID_ARG else FlashcError
+    raise cls(status, message)
+
+
+# ---- loading ----
+def _candidates():
+    env = os.environ.get("FLASHC_LIBRARY")
+    if env:
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [os.path.join(here, "libflashc.so"),
+            os.path.join(here, os.pardir, os.pardir, "build", "libflashc.so")]
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        if os.path.exists(path):
+            lib = ctypes.CDLL(os.path.abspath(path))
+            break
+        tried.append(path)
+    else:
+        raise ImportError("flashc: libflashc.so not found (tried %s); build it with "
+                          "`cmake -S . -B build && cmake --build build` and set FLASHC_LIBRARY "
+                          "to its path, or `pip install .` from the source tree" % ", ".join(tried))
+    pstatus = ctypes.POINTER(ctypes.c_size_t)
+    for name, args in ENTRY_POINTS.items():
+        pa, pp = ctypes.POINTER(args), ctypes.POINTER(Params)
+        getattr(lib, name).restype = ctypes.c_int
+        getattr(lib, name).argtypes = [pa, pp, ctypes.c_void_p, ctypes.c_size_t]
+        getattr(lib, name + "_workspace_size").restype = ctypes.c_int
+        getattr(lib, name + "_workspace_size").argtypes = [pa, pp, pstatus]
+    lib.flashc_last_error.restype = ctypes.c_char_p
+    lib.flashc_version.restype = ctypes.c_char_p
+    lib.flashc_params_default.restype = Params
+    lib.flashc_backend_available.restype = ctypes.c_int
+    lib.flashc_backend_available.argtypes = [ctypes.c_int]
+    return lib
+
+
+lib = _load()
+
+
+def version():
+    """The linked library's "MAJOR.MINOR.PATCH"."""
+    return lib.flashc_version().decode()
+
+
+# ---- tensors and calls ----
+def describe(t, name):
+    """The flashc_tensor view of torch tensor t (absent when t is None). Strides are
+    passed as they are; the library checks them and names `name` when it rejects one."""
+    d = Tensor()
+    if t is None:
+        return d
+    if t.dtype not in DTYPES:
+        raise FlashcArgumentError(ERR_INVALID_ARG, "%s.dtype=%s but flashc takes float32, "
+                                  "float16, bfloat16 or int32" % (name, t.dtype))
+    if t.device.type not in DEVICES:
+        raise FlashcArgumentError(ERR_INVALID_ARG, "%s.device=%s but flashc runs on cpu or "
+                                  "cuda tensors" % (name, t.device))
+    if t.dim() > MAX_DIMS:
+        raise FlashcArgumentError(ERR_INVALID_ARG, "%s.dim()=%d but flashc takes at most %d" %
+                                  (name, t.dim(), MAX_DIMS))
+    d.data = t.data_ptr()
+    d.dtype = DTYPES[t.dtype]
+    d.ndim = t.dim()
+    for i in range(t.dim()):
+        d.shape[i] = t.shape[i]
+        d.stride[i] = t.stride(i)
+    d.device = DEVICES[t.device.type]
+    return d
+
+
+def params(device, **fields):
+    """flashc_params_default() with `fields` set; the CUDA stream is torch's current one."""
+    p = lib.flashc_params_default()
+    for k, v in fields.items():
+        setattr(p, k, v)
+    if device.type == "cuda":
+        p.stream = torch.cuda.current_stream(device).cuda_stream
+    return p
+
+
+def call(entry, args, p, device, rename=None):
+    """Run entry point `entry` with a workspace of the size it asks for, allocated by
+    torch on `device` and aligned to 256 bytes. `rename` maps the C argument names in
+    an error message to the caller's."""
+    fn = getattr(lib, entry)
+    size = ctypes.c_size_t(0)
+    status = getattr(lib, entry + "_workspace_size")(ctypes.byref(args), ctypes.byref(p),
+                                                     ctypes.byref(size))
+    ws, ptr = None, None
+    if status == OK and size.value:
+        ws = torch.empty(size.value + WORKSPACE_ALIGN, dtype=torch.uint8, device=device)
+        ptr = (ws.data_ptr() + WORKSPACE_ALIGN - 1) // WORKSPACE_ALIGN * WORKSPACE_ALIGN
+    if status == OK:
+        status = fn(ctypes.byref(args), ctypes.byref(p), ptr, size.value)
+    if status != OK:
+        message = lib.flashc_last_error().decode()
+        for c_name, py_name in (rename or {}).items():
+            message = message.replace(c_name, py_name)
+        raise_for(status, "%s: %s" % (entry, message))
+    # On CUDA, freeing ws now is safe: torch's caching allocator reuses it only for
+    # work ordered after this op on the same stream.

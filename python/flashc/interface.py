@@ -1,0 +1,425 @@
+"""flashc.interface : flash_attn 2.x's attention functions on torch tensors, run by libflashc.
+
+The seven functions of flash_attn.flash_attn_interface, with its names, positional
+order, defaults and returns. CPU tensors go to flashc's CPU backend, CUDA tensors to
+its CUDA backend on torch.cuda.current_stream(); outputs and workspaces are
+allocated by torch. The six differentiable functions share one
+torch.autograd.Function (packing and varlen are its arguments): the forward saves
+q, k, v, out, softmax_lse and the dropout (seed, offset), the backward regenerates
+the same dropout mask from them. On torch >= 2.4 each C entry point is a
+torch.library.custom_op (flashc::fwd, ::varlen_fwd, ::bwd, ::varlen_bwd,
+::fwd_kvcache) with a fake implementation, so torch.compile traces through it.
+
+Where flashc differs from flash_attn on purpose:
+- head dims that are not a multiple of 8 are passed as they are: the library takes
+  any head dim in 1..256 (the CUDA backend zero-pads inside its workspace), so the
+  copy flash_attn makes to pad q, k, v is not needed; results are the same.
+- return_attn_probs returns (out, softmax_lse, probs). probs is fp32 [B, H, Sq, Sk]
+  (varlen: [B, H, max_seqlen_q, max_seqlen_k]) without flash_attn's padding to
+  multiples of 128, negative where dropout dropped the element, as flash_attn's
+  S_dmask. Only the CPU backend writes it, with or without dropout (flash_attn:
+  only with dropout). On CUDA tensors probs is an empty tensor without dropout
+  (as flash_attn's), and with dropout the call raises FlashcError with status
+  FLASHC_ERR_UNSUPPORTED: the mask of a CUDA call can be read by repeating it on
+  CPU copies with the same seed (every backend draws the same mask).
+- a backward through flash_attn_varlen_func with block_table raises FlashcError
+  (the C varlen backward has no paged layout; flash_attn has no such backward either).
+- a tensor with no elements (batch 0, seqlen 0) has a NULL data pointer in torch,
+  which the library reads as an absent argument: such calls raise
+  FlashcArgumentError ("q.data is NULL") where flash_attn returns empty outputs.
+"""
+from typing import Optional, Tuple
+
+import torch
+
+from . import _lib
+
+Tensor = torch.Tensor
+_CUSTOM_OP = hasattr(torch, "library") and hasattr(torch.library, "custom_op")
+
+
+# ---- registration as torch.library custom ops (torch >= 2.4) ----
+def _op(name, mutates_args=()):
+    """fn as the custom op flashc::name when torch has custom_op, else fn itself."""
+    def wrap(fn):
+        if not _CUSTOM_OP:
+            return fn
+        return torch.library.custom_op("flashc::" + name, fn, mutates_args=mutates_args)
+    return wrap
+
+
+def _fake(op):
+    """Register fn as op's fake (shape-only) implementation, used when tracing."""
+    def wrap(fn):
+        if _CUSTOM_OP:
+            op.register_fake(fn)
+        return fn
+    return wrap
+
+
+def _maybe_contiguous(x):
+    return x.contiguous() if x is not None and x.stride(-1) != 1 else x
+
+
+def _fill(struct, **fields):
+    """An args struct: tensors (or None = absent) described, ints set as they are."""
+    a = struct()
+    for name, value in fields.items():
+        setattr(a, name, value if isinstance(value, int) else _lib.describe(value, name))
+    return a
+
+
+def _run(entry, args, device, rename=None, **fields):
+    """Call `entry` with flashc_params_default() + fields, on device's CUDA device."""
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            _lib.call(entry, args, _lib.params(device, **fields), device, rename)
+    else:
+        _lib.call(entry, args, _lib.params(device, **fields), device, rename)
+
+
+def _mask_params(dropout_p, softmax_scale, causal, window_left, window_right, softcap):
+    return dict(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=int(causal),
+                window_left=window_left, window_right=window_right, softcap=softcap)
+
+
+def _empty(shape, like, dtype=None):
+    return torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
+
+
+# ---- the C entry points as ops ----
+# q: [B, Sq, H, D]  k, v: [B, Sk, Hk, D]  out: [B, Sq, H, D]  lse: [B, H, Sq] fp32
+# probs: fp32 [B, H, Sq, Sk] when return_probs, else [0]
+@_op("fwd")
+def _fwd(q: Tensor, k: Tensor, v: Tensor, alibi_slopes: Optional[Tensor], dropout_p: float,
+         softmax_scale: float, causal: bool, window_left: int, window_right: int,
+         softcap: float, return_probs: bool, seed: int, offset: int
+         ) -> Tuple[Tensor, Tensor, Tensor]:
+    out, lse, probs = _fwd_fake(q, k, v, alibi_slopes, dropout_p, softmax_scale, causal,
+                                window_left, window_right, softcap, return_probs, seed, offset)
+    args = _fill(_lib.FwdArgs, q=q, k=k, v=v, out=out, softmax_lse=lse,
+                 alibi_slopes=alibi_slopes, attn_probs=probs if return_probs else None)
+    _run("flashc_fwd", args, q.device, dropout_seed=seed, dropout_offset=offset,
+         **_mask_params(dropout_p, softmax_scale, causal, window_left, window_right, softcap))
+    return out, lse, probs
+
+
+@_fake(_fwd)
+def _fwd_fake(q, k, v, alibi_slopes, dropout_p, softmax_scale, causal, window_left,
+              window_right, softcap, return_probs, seed, offset):
+    b, sq, h, _ = q.shape
+    probs = (b, h, sq, k.shape[1]) if return_probs else (0,)
+    return _empty(q.shape, q), _empty((b, h, sq), q, torch.float32), \
+        _empty(probs, q, torch.float32)
+
+
+# q: [total_q, H, D]  k, v: [total_k, Hk, D] or paged [blocks, page, Hk, D]
+# out: [total_q, H, D]  lse: [H, total_q]  probs: [B, H, max_seqlen_q, max_seqlen_k] or [0]
+@_op("varlen_fwd")
+def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                max_seqlen_q: int, max_seqlen_k: int, block_table: Optional[Tensor],
+                alibi_slopes: Optional[Tensor], dropout_p: float, softmax_scale: float,
+                causal: bool, window_left: int, window_right: int, softcap: float,
+                return_probs: bool, seed: int, offset: int) -> Tuple[Tensor, Tensor, Tensor]:
+    out, lse, probs = _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                       max_seqlen_k, block_table, alibi_slopes, dropout_p,
+                                       softmax_scale, causal, window_left, window_right,
+                                       softcap, return_probs, seed, offset)
+    args = _fill(_lib.VarlenFwdArgs, q=q, k=k, v=v, out=out, cu_seqlens_q=cu_seqlens_q,
+                 cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                 max_seqlen_k=max_seqlen_k, block_table=block_table, softmax_lse=lse,
+                 alibi_slopes=alibi_slopes, attn_probs=probs if return_probs else None)
+    _run("flashc_varlen_fwd", args, q.device, dropout_seed=seed, dropout_offset=offset,
+         **_mask_params(dropout_p, softmax_scale, causal, window_left, window_right, softcap))
+    return out, lse, probs
+
+
+@_fake(_varlen_fwd)
+def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                     block_table, alibi_slopes, dropout_p, softmax_scale, causal, window_left,
+                     window_right, softcap, return_probs, seed, offset):
+    total, h, _ = q.shape
+    probs = (cu_seqlens_q.shape[0] - 1, h, max_seqlen_q, max_seqlen_k) if return_probs else (0,)
+    return _empty(q.shape, q), _empty((h, total), q, torch.float32), \
+        _empty(probs, q, torch.float32)
+
+
+# shapes as _fwd; dq, dk, dv (like q, k, v) are written in place
+@_op("bwd", mutates_args=("dq", "dk", "dv"))
+def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,
+         dq: Tensor, dk: Tensor, dv: Tensor, alibi_slopes: Optional[Tensor], dropout_p: float,
+         softmax_scale: float, causal: bool, window_left: int, window_right: int,
+         softcap: float, deterministic: bool, seed: int, offset: int) -> None:
+    args = _fill(_lib.BwdArgs, dout=dout, q=q, k=k, v=v, out=out, softmax_lse=softmax_lse,
+                 dq=dq, dk=dk, dv=dv, alibi_slopes=alibi_slopes)
+    _run("flashc_bwd", args, q.device, dropout_seed=seed, dropout_offset=offset,
+         deterministic=int(deterministic),
+         **_mask_params(dropout_p, softmax_scale, causal, window_left, window_right, softcap))
+
+
+# shapes as _varlen_fwd (contiguous k, v only); dq, dk, dv written in place
+@_op("varlen_bwd", mutates_args=("dq", "dk", "dv"))
+def _varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                softmax_lse: Tensor, dq: Tensor, dk: Tensor, dv: Tensor,
+                cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+                max_seqlen_k: int, alibi_slopes: Optional[Tensor], dropout_p: float,
+                softmax_scale: float, causal: bool, window_left: int, window_right: int,
+                softcap: float, deterministic: bool, seed: int, offset: int) -> None:
+    args = _fill(_lib.VarlenBwdArgs, dout=dout, q=q, k=k, v=v, out=out,
+                 softmax_lse=softmax_lse, dq=dq, dk=dk, dv=dv, cu_seqlens_q=cu_seqlens_q,
+                 cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                 max_seqlen_k=max_seqlen_k, alibi_slopes=alibi_slopes)
+    _run("flashc_varlen_bwd", args, q.device, dropout_seed=seed, dropout_offset=offset,
+         deterministic=int(deterministic),
+         **_mask_params(dropout_p, softmax_scale, causal, window_left, window_right, softcap))
+
+
+# q: [B, Sq, H, D]  k_cache, v_cache: [B_c, S_c, Hk, D] or paged, updated in place
+# out: [B, Sq, H, D]  lse: [B, H, Sq] fp32
+@_op("fwd_kvcache", mutates_args=("k_cache", "v_cache"))
+def _fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
+                 v: Optional[Tensor], rotary_cos: Optional[Tensor],
+                 rotary_sin: Optional[Tensor], cache_seqlens: Optional[Tensor],
+                 cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor],
+                 block_table: Optional[Tensor], alibi_slopes: Optional[Tensor],
+                 softmax_scale: float, causal: bool, window_left: int, window_right: int,
+                 softcap: float, rotary_interleaved: bool, num_splits: int
+                 ) -> Tuple[Tensor, Tensor]:
+    out, lse = _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                 cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                 alibi_slopes, softmax_scale, causal, window_left,
+                                 window_right, softcap, rotary_interleaved, num_splits)
+    args = _fill(_lib.KvcacheArgs, q=q, k_cache=k_cache, v_cache=v_cache, k_new=k, v_new=v,
+                 rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_seqlens=cache_seqlens,
+                 cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+                 block_table=block_table, alibi_slopes=alibi_slopes, out=out,
+                 softmax_lse=lse)
+    _run("flashc_fwd_kvcache", args, q.device, rename={"k_new": "k", "v_new": "v"},
+         rotary_interleaved=int(rotary_interleaved), num_splits=num_splits,
+         **_mask_params(0.0, softmax_scale, causal, window_left, window_right, softcap))
+    return out, lse
+
+
+@_fake(_fwd_kvcache)
+def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                      cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
+                      softmax_scale, causal, window_left, window_right, softcap,
+                      rotary_interleaved, num_splits):
+    b, sq, h, _ = q.shape
+    return _empty(q.shape, q), _empty((b, h, sq), q, torch.float32)
+
+
+# ---- dropout RNG ----
+def _draw_rng(device, max_seqlen_k):
+    """(seed, offset) for one call with dropout, from torch's default generator of
+    `device`. On CUDA it is the Philox state (initial seed, offset) of the device's
+    generator, whose offset is advanced past the counters this call uses, so that
+    torch.cuda.manual_seed makes the masks reproducible without a host sync. On the
+    CPU (and CUDA generators without get_offset) a seed is drawn from the CPU
+    generator, so torch.manual_seed makes them reproducible."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        gen = torch.cuda.default_generators[index]
+        if hasattr(gen, "get_offset"):
+            offset = gen.get_offset()
+            # flashc uses counters offset .. offset + ceil(Sk / 8); torch's offsets step by 4
+            gen.set_offset(offset + ((max_seqlen_k + 7) // 8 + 3) // 4 * 4)
+            return gen.initial_seed() & (2 ** 63 - 1), offset
+    return int(torch.randint(0, 2 ** 62, (1,)).item()), 0
+
+
+# ---- autograd ----
+def _split(packing, a, b, c, axis):
+    """q, k, v from (q, k, v), (qkv) or (q, kv); the packed axis is `axis`."""
+    a, b, c = (_maybe_contiguous(t) for t in (a, b, c))
+    if packing == "qkv":
+        return a.select(axis, 0), a.select(axis, 1), a.select(axis, 2)
+    if packing == "kv":
+        return a, b.select(axis, 0), b.select(axis, 1)
+    return a, b, c
+
+
+def _grad_buffers(packing, q, k, v, axis):
+    """(gradients to return for a, b, c), (dq, dk, dv views into them)."""
+    def empty(t, n=0):
+        shape = t.shape[:axis] + (n,) + t.shape[axis:] if n else t.shape
+        return _empty(shape, t)
+    if packing == "qkv":
+        g = empty(q, 3)
+        return (g, None, None), (g.select(axis, 0), g.select(axis, 1), g.select(axis, 2))
+    dq = empty(q)
+    if packing == "kv":
+        g = empty(k, 2)
+        return (dq, g, None), (dq, g.select(axis, 0), g.select(axis, 1))
+    dk, dv = empty(k), empty(v)
+    return (dq, dk, dv), (dq, dk, dv)
+
+
+class _FlashAttnFunc(torch.autograd.Function):
+    """flash attention forward and backward. packing: "" (q, k, v), "qkv" (qkv, None,
+    None) or "kv" (q, kv, None). varlen: None (batched) or (cu_seqlens_q,
+    cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table). Returns out,
+    softmax_lse, probs (lse and probs not differentiable)."""
+
+    @staticmethod
+    def forward(ctx, packing, a, b, c, varlen, dropout_p, softmax_scale, causal, window_size,
+                softcap, alibi_slopes, deterministic, return_probs):
+        axis = 2 if varlen is None else 1
+        q, k, v = _split(packing, a, b, c, axis)
+        if softmax_scale is None:
+            softmax_scale = q.shape[-1] ** (-0.5)
+        mask = (dropout_p, softmax_scale, causal, window_size[0], window_size[1], softcap)
+        return_probs = return_probs and (q.device.type == "cpu" or dropout_p > 0)
+        if varlen is None:
+            seed, offset = _draw_rng(q.device, k.shape[1]) if dropout_p > 0 else (0, 0)
+            out, lse, probs = _fwd(q, k, v, alibi_slopes, *mask, return_probs, seed, offset)
+            cu_q = cu_k = None
+        else:
+            cu_q, cu_k, max_q, max_k, block_table = varlen
+            seed, offset = _draw_rng(q.device, max_k) if dropout_p > 0 else (0, 0)
+            out, lse, probs = _varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, block_table,
+                                          alibi_slopes, *mask, return_probs, seed, offset)
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_q, cu_k)
+        ctx.packing, ctx.axis, ctx.varlen = packing, axis, varlen
+        ctx.rest = mask + (deterministic, seed, offset)
+        ctx.mark_non_differentiable(lse, probs)
+        return out, lse, probs
+
+    @staticmethod
+    def backward(ctx, dout, _dlse, _dprobs):
+        q, k, v, out, lse, alibi_slopes, cu_q, cu_k = ctx.saved_tensors
+        dout = _maybe_contiguous(dout)
+        grads, (dq, dk, dv) = _grad_buffers(ctx.packing, q, k, v, ctx.axis)
+        if ctx.varlen is None:
+            _bwd(dout, q, k, v, out, lse, dq, dk, dv, alibi_slopes, *ctx.rest)
+        else:
+            _, _, max_q, max_k, block_table = ctx.varlen
+            if block_table is not None:
+                raise _lib.FlashcError(_lib.ERR_UNSUPPORTED, "flash_attn_varlen_func: no "
+                                       "backward through a paged KV cache (block_table)")
+            _varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k,
+                        alibi_slopes, *ctx.rest)
+        return (None,) + grads + (None,) * 9
+
+
+def _attn(packing, a, b, c, varlen, dropout_p, softmax_scale, causal, window_size, softcap,
+          alibi_slopes, deterministic, return_attn_probs):
+    out, lse, probs = _FlashAttnFunc.apply(packing, a, b, c, varlen, dropout_p, softmax_scale,
+                                           causal, tuple(window_size), softcap, alibi_slopes,
+                                           deterministic, return_attn_probs)
+    return (out, lse, probs) if return_attn_probs else out
+
+
+# ---- flash_attn's functions ----
+_COMMON_DOC = """
+    dropout_p: probability of dropping an attention probability (0.0 in evaluation).
+    softmax_scale: scale of QK^T before the softmax; default 1 / sqrt(headdim).
+    causal: causal mask aligned to the bottom-right corner (key j visible to query i
+        iff j <= i + seqlen_k - seqlen_q).
+    window_size: (left, right), -1 = unbounded: query i sees keys
+        [i + seqlen_k - seqlen_q - left, i + seqlen_k - seqlen_q + right].
+    softcap: > 0 replaces each score s by softcap * tanh(s / softcap).
+    alibi_slopes: fp32 (nheads,) or (batch, nheads); adds -slope * |i + seqlen_k - seqlen_q - j|.
+    deterministic: bitwise-reproducible backward.
+    return_attn_probs: also return softmax_lse (fp32) and the probabilities (fp32,
+        negative where dropped; written on CPU tensors, empty on CUDA). For tests.
+    Returns out, or (out, softmax_lse, probs) with return_attn_probs."""
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                    return_attn_probs=False):
+    return _attn("", q, k, v, None, dropout_p, softmax_scale, causal, window_size, softcap,
+                 alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                              deterministic=False, return_attn_probs=False):
+    return _attn("qkv", qkv, None, None, None, dropout_p, softmax_scale, causal, window_size,
+                 softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False):
+    return _attn("kv", q, kv, None, None, dropout_p, softmax_scale, causal, window_size,
+                 softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False,
+                           window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    varlen = (cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), block_table)
+    return _attn("", q, k, v, varlen, dropout_p, softmax_scale, causal, window_size, softcap,
+                 alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
+                                     softmax_scale=None, causal=False, window_size=(-1, -1),
+                                     softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    varlen = (cu_seqlens, cu_seqlens, int(max_seqlen), int(max_seqlen), None)
+    return _attn("qkv", qkv, None, None, varlen, dropout_p, softmax_scale, causal, window_size,
+                 softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, dropout_p=0.0, softmax_scale=None,
+                                    causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False,
+                                    return_attn_probs=False):
+    varlen = (cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), None)
+    return _attn("kv", q, kv, None, varlen, dropout_p, softmax_scale, causal, window_size,
+                 softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+flash_attn_func.__doc__ = """Attention of q (batch, seqlen_q, nheads, headdim) over k, v
+    (batch, seqlen_k, nheads_k, headdim), nheads % nheads_k == 0 (MQA/GQA).""" + _COMMON_DOC
+flash_attn_qkvpacked_func.__doc__ = """flash_attn_func on qkv (batch, seqlen, 3, nheads,
+    headdim); the gradient is one (batch, seqlen, 3, nheads, headdim) tensor.""" + _COMMON_DOC
+flash_attn_kvpacked_func.__doc__ = """flash_attn_func on q and kv (batch, seqlen_k, 2,
+    nheads_k, headdim).""" + _COMMON_DOC
+flash_attn_varlen_func.__doc__ = """Attention over sequences packed along the token axis:
+    q (total_q, nheads, headdim), k, v (total_k, nheads_k, headdim), or with block_table
+    (batch, max_blocks) int32 a paged cache (num_blocks, page_size, nheads_k, headdim);
+    cu_seqlens_q, cu_seqlens_k int32 (batch + 1); softmax_lse (nheads, total_q).""" + _COMMON_DOC
+flash_attn_varlen_qkvpacked_func.__doc__ = """flash_attn_varlen_func on qkv (total, 3,
+    nheads, headdim) with one cu_seqlens and max_seqlen.""" + _COMMON_DOC
+flash_attn_varlen_kvpacked_func.__doc__ = """flash_attn_varlen_func on q and kv (total_k,
+    2, nheads_k, headdim).""" + _COMMON_DOC
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False):
+    """Attention of q (batch, seqlen, nheads, headdim) over a KV cache, k_cache, v_cache
+    (batch_cache, seqlen_cache, nheads_k, headdim), or with block_table (batch,
+    max_blocks) int32 paged (num_blocks, page_size, nheads_k, headdim). k, v (batch,
+    seqlen_new, nheads_k, headdim) are first written into the cache in place at rows
+    cache_seqlens[b] .., rotated by rotary_cos/sin (seqlen_ro, rotary_dim / 2) when
+    given (q too: at cache_seqlens[b] + i when causal or windowed, else at
+    cache_seqlens[b]). cache_seqlens: int or int32 (batch,), rows in use;
+    cache_batch_idx: int32 (batch,), cache row of each batch entry; cache_leftpad: int32
+    (batch,), first key row of each. No backward. Returns out, or (out, softmax_lse)
+    with return_softmax_lse."""
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            raise _lib.FlashcArgumentError(_lib.ERR_INVALID_ARG, "%s.stride(-1)=%d but the "
+                                           "cache is updated in place and must have a "
+                                           "contiguous last dimension" % (name, t.stride(-1)))
+    q, k, v, rotary_cos, rotary_sin = (_maybe_contiguous(t)
+                                       for t in (q, k, v, rotary_cos, rotary_sin))
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** (-0.5)
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.tensor(cache_seqlens, dtype=torch.int32, device=k_cache.device)
+    out, lse = _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                            cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
+                            softmax_scale, causal, window_size[0], window_size[1], softcap,
+                            rotary_interleaved, num_splits)
+    return (out, lse) if return_softmax_lse else out

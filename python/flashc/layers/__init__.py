@@ -1,0 +1,1 @@
+"""flashc.layers : helpers under the module names flash_attn gives them (layers.rotary)."""
