@@ -14,7 +14,8 @@
 # decode bwd (default: all). FAMILIES picks the kernel families tested (default
 # "auto sm80"; the backward, which has one family, is tested with the first),
 # SANITIZE_FILTER and SANITIZE_TOOLS the sanitizer's cases (default "d64") and
-# tools. BWD_ARGS passes flags to the backward runs. BENCH_ARGS passes flags to compare.py (DECODE_ARGS
+# tools. BWD_ARGS passes flags to the backward runs, BWD_MODES picks them
+# (default "bwd fwdbwd"). BENCH_ARGS passes flags to compare.py (DECODE_ARGS
 # to the decode run); FLASHC_CUDA_HEADDIMS
 # (e.g. "64;128;256") trims the kernels built, for quicker tuning builds.
 set -uo pipefail
@@ -102,7 +103,7 @@ if has decode; then
 fi
 if has bwd; then
   echo "== backward benchmark =="
-  for mode in bwd fwdbwd; do
+  for mode in ${BWD_MODES:-bwd fwdbwd}; do
     PYTHONUNBUFFERED=1 python3 bench/compare.py --mode $mode --csv "$out/compare_$mode.csv" \
       ${BWD_ARGS:-} > "$out/compare_$mode.log" 2>&1 || status=1
     sed -n "/^== flashc vs SDPA/,\$p" "$out/compare_$mode.log"

@@ -409,6 +409,7 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
 // With params.deterministic the main kernel's turn counters are zeroed first.
 // Scratch (bwd_params.h) comes from the workspace: lse2 and delta [H][rows],
 // dq_accum [H][rows][dp] fp32, the counters [H][rows / Br] int32.
+#ifndef FLASHC_CUDA_NO_BWD
 #include "bwd_params.h"
 #include "common/bwd_prep.cuh"
 #include "sm80/inst/bwd_instances.h"
@@ -442,6 +443,18 @@ static void fc_bwd_shape(int dim, int *br, int *bc, int *smem) {
     }
     FC_SM80_BWD_HEADDIMS(FC_SHAPE_)
 #undef FC_SHAPE_
+}
+
+template <int D, typename T>
+static cudaError_t fc_sm80_bwd_run(const fc_cuda_bwd_params &p, bool causal, dim3 grid,
+                                   cudaStream_t stream) {
+    using Tr = fc_sm80_bwd_traits<D>;
+    FC_LOG("sm80_bwd_kernel<D=%d, %s, causal=%d>: Br=%d Bc=%d warps=%d q_stages=%d grid=(%u,%u,%u) "
+           "block=%d smem=%d deterministic=%d", D, fc_cuda_dtype_name<T>(), (int)causal, Tr::kBr,
+           Tr::kBc, Tr::kWarps, Tr::kQStages, grid.x, grid.y, grid.z, Tr::kThreads,
+           Tr::kSmemBytes, (int)p.deterministic);
+    return causal ? sm80_bwd_launch<D, T, true>(p, grid, stream)
+                  : sm80_bwd_launch<D, T, false>(p, grid, stream);
 }
 
 enum { FC_BWW_PACK, FC_BWW_LSE2, FC_BWW_DELTA, FC_BWW_DQACC, FC_BWW_SEM, FC_BWW_N };
@@ -566,6 +579,9 @@ extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes
                          (unsigned)a->heads, (unsigned)a->batch);
     if (p.sem)
         FC_CUDA_TRY(cudaMemsetAsync(p.sem, 0, (size_t)a->heads * (size_t)(pl.rows / pl.br) * 4, stream));
+    FC_LOG("fc_bwd_pre_kernel, fc_bwd_dq_kernel: grid=(%u,%u,%u) block=%d; scratch rows=%lld "
+           "workspace=%zu packed=%d", prep_grid.x, prep_grid.y, prep_grid.z, kFcBwdPrepThreads,
+           (long long)pl.rows, pl.bytes, pl.pk.bytes > 0);
     cudaError_t e = cudaSuccess;
     if (prep_grid.x > 0) {
         if (bf16)
@@ -577,12 +593,10 @@ extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes
     const dim3 grid((unsigned)((a->max_seqlen_k + pl.bc - 1) / pl.bc), (unsigned)a->kv_heads,
                     (unsigned)a->batch);
     switch (pl.dim) {
-#define FC_CASE_(D)                                                                            \
-    case D:                                                                                    \
-        e = bf16 ? (pl.causal ? sm80_bwd_launch<D, __nv_bfloat16, true>(p, grid, stream)      \
-                              : sm80_bwd_launch<D, __nv_bfloat16, false>(p, grid, stream))     \
-                 : (pl.causal ? sm80_bwd_launch<D, __half, true>(p, grid, stream)              \
-                              : sm80_bwd_launch<D, __half, false>(p, grid, stream));           \
+#define FC_CASE_(D)                                                                    \
+    case D:                                                                            \
+        e = bf16 ? fc_sm80_bwd_run<D, __nv_bfloat16>(p, pl.causal, grid, stream)       \
+                 : fc_sm80_bwd_run<D, __half>(p, pl.causal, grid, stream);             \
         break;
         FC_SM80_BWD_HEADDIMS(FC_CASE_)
 #undef FC_CASE_
@@ -601,6 +615,14 @@ extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes
     FC_CUDA_TRY(fc_cuda_pack_finish(a, pl.pk, pack_ws, {FC_PACK_DK, FC_PACK_DV}, stream));
     return FLASHC_OK;
 }
+#else   // FLASHC_CUDA_BWD=OFF: a build without the backward kernels
+extern "C" size_t fc_cuda_bwd_workspace(const fc_attn *a) { return 0; }
+
+extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes) {
+    return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                        "q.device=cuda but this build has no CUDA backward (FLASHC_CUDA_BWD=OFF)");
+}
+#endif  // FLASHC_CUDA_NO_BWD
 
 // ---- the decode path: flashc_fwd_kvcache ----
 // fc_cuda_kvcache(kc) runs up to three steps on kc->attn.stream, in order:
