@@ -15,8 +15,8 @@ backend with CUDA events (median of --reps runs after warm-up; the L2 is flushed
 before each run). FLOPs are flash-attention's: 4*B*H*Sq*Sk*D forward, halved for
 causal. GB/s counts q, k, v read and out written once.
 
-flashc is called through ctypes on libflashc.so with the tensors' device
-pointers (the Python package of issue 6 will replace this thin binding).
+flashc is called through ctypes on libflashc.so (--lib) with the tensors' device
+pointers, using the Python package's binding module (python/flashc/_lib.py).
 CSV columns are those of `flashc bench --csv`; backends: flashc (the kernel family
 launch.cu picks: sm90 on an H100/H200), flashc-sm80 (FLASHC_CUDA_FAMILY=sm80: the
 FA2-algorithm kernels), sdpa-flash, sdpa-cudnn (--backends times a subset, e.g.
@@ -51,83 +51,23 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-# ---- the C API, as ctypes structs (include/flashc.h) ----
-MAX_DIMS = 4
-DTYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int32: 3}
-DEVICE_CUDA = 1
-
-
-class Tensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int32),
-                ("shape", ctypes.c_int64 * MAX_DIMS), ("stride", ctypes.c_int64 * MAX_DIMS),
-                ("device", ctypes.c_int)]
-
-
-class Params(ctypes.Structure):
-    _fields_ = [("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int32),
-                ("window_left", ctypes.c_int32), ("window_right", ctypes.c_int32),
-                ("softcap", ctypes.c_float), ("dropout_p", ctypes.c_float),
-                ("dropout_seed", ctypes.c_uint64), ("dropout_offset", ctypes.c_uint64),
-                ("deterministic", ctypes.c_int32), ("rotary_interleaved", ctypes.c_int32),
-                ("num_splits", ctypes.c_int32), ("backend", ctypes.c_int),
-                ("stream", ctypes.c_void_p)]
-
-
-class FwdArgs(ctypes.Structure):
-    _fields_ = [(n, Tensor) for n in ("q", "k", "v", "out", "softmax_lse", "alibi_slopes",
-                                      "attn_probs")]
-
-
-class BwdArgs(ctypes.Structure):
-    _fields_ = [(n, Tensor) for n in ("dout", "q", "k", "v", "out", "softmax_lse", "dq", "dk", "dv",
-                                      "alibi_slopes")]
-
-
-class KvcacheArgs(ctypes.Structure):
-    _fields_ = [(n, Tensor) for n in ("q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos",
-                                      "rotary_sin", "cache_seqlens", "cache_batch_idx",
-                                      "cache_leftpad", "block_table", "alibi_slopes", "out",
-                                      "softmax_lse")]
-
-
-def describe(t):
-    """The flashc_tensor view of a CUDA torch tensor (strides in elements)."""
-    d = Tensor()
-    d.data = t.data_ptr()
-    d.dtype = DTYPE[t.dtype]
-    d.ndim = t.dim()
-    for i in range(t.dim()):
-        d.shape[i] = t.shape[i]
-        d.stride[i] = t.stride(i)
-    d.device = DEVICE_CUDA
-    return d
+# ---- the C API: the Python package's ctypes binding (python/flashc/_lib.py) ----
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Flashc:
     def __init__(self, path):
-        self.lib = ctypes.CDLL(path)
-        self.lib.flashc_fwd.restype = ctypes.c_int
-        self.lib.flashc_fwd.argtypes = [ctypes.POINTER(FwdArgs), ctypes.POINTER(Params),
-                                        ctypes.c_void_p, ctypes.c_size_t]
-        self.lib.flashc_fwd_kvcache.restype = ctypes.c_int
-        self.lib.flashc_fwd_kvcache.argtypes = [ctypes.POINTER(KvcacheArgs), ctypes.POINTER(Params),
-                                                ctypes.c_void_p, ctypes.c_size_t]
-        self.lib.flashc_fwd_kvcache_workspace_size.restype = ctypes.c_int
-        self.lib.flashc_fwd_kvcache_workspace_size.argtypes = [
-            ctypes.POINTER(KvcacheArgs), ctypes.POINTER(Params), ctypes.POINTER(ctypes.c_size_t)]
-        self.lib.flashc_bwd.restype = ctypes.c_int
-        self.lib.flashc_bwd.argtypes = [ctypes.POINTER(BwdArgs), ctypes.POINTER(Params),
-                                        ctypes.c_void_p, ctypes.c_size_t]
-        self.lib.flashc_bwd_workspace_size.restype = ctypes.c_int
-        self.lib.flashc_bwd_workspace_size.argtypes = [
-            ctypes.POINTER(BwdArgs), ctypes.POINTER(Params), ctypes.POINTER(ctypes.c_size_t)]
-        self.lib.flashc_last_error.restype = ctypes.c_char_p
-        self.lib.flashc_params_default.restype = Params
+        # _lib loads the library named by FLASHC_LIBRARY when first imported
+        os.environ["FLASHC_LIBRARY"] = os.path.abspath(path)
+        sys.path.insert(0, os.path.join(ROOT, "python"))
+        from flashc import _lib
+        self.b = _lib
+        self.lib = _lib.lib
 
     def fwd(self, q, k, v, out, lse, causal, family="auto"):
         os.environ["FLASHC_CUDA_FAMILY"] = family  # read by launch.cu at every call
-        a = FwdArgs()
-        a.q, a.k, a.v, a.out, a.softmax_lse = (describe(t) for t in (q, k, v, out, lse))
+        a = self.b.FwdArgs()
+        a.q, a.k, a.v, a.out, a.softmax_lse = (self.b.describe(t, "t") for t in (q, k, v, out, lse))
         p = self.lib.flashc_params_default()
         p.causal = int(causal)
         p.stream = torch.cuda.current_stream().cuda_stream
@@ -137,9 +77,9 @@ class Flashc:
 
     def bwd_call(self, dout, q, k, v, out, lse, dq, dk, dv, causal, deterministic):
         """The args, params and workspace of flashc_bwd(), built once per shape."""
-        a = BwdArgs()
+        a = self.b.BwdArgs()
         a.dout, a.q, a.k, a.v, a.out, a.softmax_lse, a.dq, a.dk, a.dv = (
-            describe(t) for t in (dout, q, k, v, out, lse, dq, dk, dv))
+            self.b.describe(t, "t") for t in (dout, q, k, v, out, lse, dq, dk, dv))
         p = self.lib.flashc_params_default()
         p.causal = int(causal)
         p.deterministic = int(deterministic)
@@ -161,11 +101,11 @@ class Flashc:
     def kvcache_call(self, q, k_cache, v_cache, seqlens, block_table, out, lse, num_splits):
         """The args, params and a workspace of the size the library asks for, for
         fwd_kvcache(); built once per shape so that the timed call is the call alone."""
-        a = KvcacheArgs()
+        a = self.b.KvcacheArgs()
         a.q, a.k_cache, a.v_cache, a.cache_seqlens, a.out, a.softmax_lse = (
-            describe(t) for t in (q, k_cache, v_cache, seqlens, out, lse))
+            self.b.describe(t, "t") for t in (q, k_cache, v_cache, seqlens, out, lse))
         if block_table is not None:
-            a.block_table = describe(block_table)
+            a.block_table = self.b.describe(block_table, "block_table")
         p = self.lib.flashc_params_default()
         p.num_splits = num_splits
         p.stream = torch.cuda.current_stream().cuda_stream
