@@ -66,16 +66,48 @@ __device__ __forceinline__ float fc_ld_shared_f32(uint32_t addr) {
     return v;
 }
 
-// dst[0] += x, dst[1] += y in global memory, atomically per element (dst
-// 8-byte aligned). sm90 has a vector reduction: one 8-byte request a lane, so
-// the 4 lanes of a quad fill one 32-byte sector (half the requests of two
-// scalar ones; the dQ adds are this kernel's largest cost, bench/NOTES.md).
-__device__ __forceinline__ void fc_red_add2(float *dst, float x, float y) {
+// The dQ reductions of a pair of 8-column C-fragment tiles (a, b: cols col0 ..
+// col0 + 15 of rows g and g + 8) into the fp32 rows at row0 and row1 (NULL:
+// a row past the tile's valid rows), atomically per element; a tile at or past
+// column `cols` (the rows' width, a multiple of 8) is left out. They are this
+// kernel's largest cost (bench/NOTES.md), so sm90 uses its vector reductions:
+// the lanes of a quad pair up (shfl.xor 1) so that each holds 4 consecutive
+// floats of one tile, one 16-byte red.v4 a lane per row, 2 full sectors per
+// 8 rows of a tile (sm80 has only scalar float reductions). Every lane of the
+// warp must call it (it shuffles).
+__device__ __forceinline__ void fc_red_pair(float *row0, float *row1, int col0, int cols, int t,
+                                            const float (&a)[4], const float (&b)[4]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");
+    const bool odd = t & 1;  // even lanes keep tile a, odd lanes tile b
+    const int col = col0 + (odd ? 8 : 0) + 2 * (t & ~1);
+    const bool in = col < cols;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        const float s0 = odd ? a[2 * hr] : b[2 * hr], s1 = odd ? a[2 * hr + 1] : b[2 * hr + 1];
+        const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+        const float r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+        float *row = hr ? row1 : row0;
+        if (!row || !in) continue;
+        const float4 v = odd ? make_float4(r0, r1, b[2 * hr], b[2 * hr + 1])
+                             : make_float4(a[2 * hr], a[2 * hr + 1], r0, r1);
+        asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(row + col), "f"(v.x),
+                     "f"(v.y), "f"(v.z), "f"(v.w)
+                     : "memory");
+    }
 #else
-    atomicAdd(dst, x);
-    atomicAdd(dst + 1, y);
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        float *row = hr ? row1 : row0;
+        if (!row) continue;
+        if (col0 < cols) {
+            atomicAdd(row + col0 + 2 * t, a[2 * hr]);
+            atomicAdd(row + col0 + 2 * t + 1, a[2 * hr + 1]);
+        }
+        if (col0 + 8 < cols) {
+            atomicAdd(row + col0 + 8 + 2 * t, b[2 * hr]);
+            atomicAdd(row + col0 + 8 + 2 * t + 1, b[2 * hr + 1]);
+        }
+    }
 #endif
 }
 
@@ -381,17 +413,16 @@ __global__ void __launch_bounds__(fc_sm80_bwd_traits<D>::kThreads)
                     }
                 }
 #pragma unroll
-                for (int dt = 0; dt < kMaxC; ++dt) {
-                    if (c0 + dt >= QDT) break;
-                    const int col = dc0 + (c0 + dt) * 8 + 2 * t;
-                    if (col >= f.head_dim) continue;
+                float *row0 = s_row + g < rows ? p.dq_accum + (srow + s_row + g) * p.dq_pitch
+                                               : nullptr;
+                float *row1 = s_row + g + 8 < rows
+                                  ? p.dq_accum + (srow + s_row + g + 8) * p.dq_pitch
+                                  : nullptr;
 #pragma unroll
-                    for (int hr = 0; hr < 2; ++hr) {
-                        const int r = s_row + g + 8 * hr;
-                        if (r >= rows) continue;
-                        fc_red_add2(p.dq_accum + (srow + r) * p.dq_pitch + col, acc_q[dt][2 * hr],
-                                    acc_q[dt][2 * hr + 1]);
-                    }
+                for (int dt = 0; dt < kMaxC; dt += 2) {
+                    if (c0 + dt >= QDT) break;  // QDT and the chunks are even
+                    const int col0 = dc0 + (c0 + dt) * 8;
+                    fc_red_pair(row0, row1, col0, f.head_dim, t, acc_q[dt], acc_q[dt + 1]);
                 }
             }
         }
