@@ -36,9 +36,9 @@ import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
 TFLOP_MODES = ("fwd", "bwd", "fwdbwd")
 # fixed colours, so a backend looks the same on every chart
-COLOURS = {"flashc": "#d62728", "flashc-sm80": "#ff9896", "sdpa-flash": "#1f77b4",
-           "sdpa-cudnn": "#2ca02c"}
-ORDER = ["flashc", "flashc-sm80", "sdpa-flash", "sdpa-cudnn"]
+COLOURS = {"flashc": "#d62728", "flashc-sm80": "#ff9896", "flashc-det": "#9467bd",
+           "sdpa-flash": "#1f77b4", "sdpa-cudnn": "#2ca02c"}
+ORDER = ["flashc", "flashc-sm80", "flashc-det", "sdpa-flash", "sdpa-cudnn"]
 HATCHES = ["//", "..", "xx", "\\\\"]  # paged cache layouts, one per series
 
 
