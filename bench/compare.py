@@ -153,11 +153,26 @@ def flops(b, h, sq, sk, d, causal, mode="fwd"):
     return f / 2 if causal else f
 
 
-def write_csv(path, header, rows):
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# the columns of `flashc bench --csv`
+CSV_HEADER = "backend,mode,dtype,batch,seqlen_q,seqlen_k,heads,kv_heads,headdim,causal,ms,tflops,gbps,max_err"
+
+
+def sweep(args):
+    """The fwd / bwd shapes: (dtype name, dtype, head dim, seqlen, causal, heads, batch)
+    over --dtypes x --headdims x --seqlens x --causal, hidden 2048 and 16k tokens."""
+    for dn in args.dtypes.split(","):
+        for d in map(int, args.headdims.split(",")):
+            for s in map(int, args.seqlens.split(",")):
+                for causal in map(int, args.causal.split(",")):
+                    yield dn, DTYPES[dn], d, s, causal, 2048 // d, max(1, 16384 // s)
+
+
+def write_csv(path, rows):
     if path:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "w") as f:
-            f.write(header + "\n" + "\n".join(rows) + "\n")
+            f.write(CSV_HEADER + "\n" + "\n".join(rows) + "\n")
 
 
 def main():
@@ -188,154 +203,140 @@ def main():
         return bench_decode(args, fc)
     if args.mode != "fwd":
         return bench_bwd(args, fc)
-    dts = {"bf16": torch.bfloat16, "fp16": torch.float16}
     rows, table = [], []
-    header = "backend,mode,dtype,batch,seqlen_q,seqlen_k,heads,kv_heads,headdim,causal,ms,tflops,gbps,max_err"
     torch.manual_seed(0)
-    for dn in args.dtypes.split(","):
-        dt = dts[dn]
-        for d in map(int, args.headdims.split(",")):
-            for s in map(int, args.seqlens.split(",")):
-                for causal in map(int, args.causal.split(",")):
-                    h, b = 2048 // d, max(1, 16384 // s)
-                    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for _ in range(3))
-                    out = torch.empty_like(q)
-                    lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-                    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-                    nbytes = 4 * q.numel() * q.element_size()
-                    fl = flops(b, h, s, s, d, causal)
+    for dn, dt, d, s, causal, h, b in sweep(args):
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for _ in range(3))
+        out = torch.empty_like(q)
+        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        nbytes = 4 * q.numel() * q.element_size()
+        fl = flops(b, h, s, s, d, causal)
 
-                    def flashc(family):
-                        def run():
-                            fc.fwd(q, k, v, out, lse, causal, family)
-                        return run
+        def flashc(family):
+            def run():
+                fc.fwd(q, k, v, out, lse, causal, family)
+            return run
 
-                    def sdpa(backend):
-                        def run():
-                            with sdpa_kernel(backend):
-                                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
-                        return run
+        def sdpa(backend):
+            def run():
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+            return run
 
-                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # the reference of max_err
-                        ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
-                    ref = ref.transpose(1, 2).float()
-                    results = []
-                    backends = (("sdpa-flash", sdpa(SDPBackend.FLASH_ATTENTION)),
-                                ("sdpa-cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)),
-                                ("flashc-sm80", flashc("sm80")),
-                                ("flashc", flashc("auto")))
-                    for name, fn in (b for b in backends if b[0] in args.backends.split(",")):
-                        try:
-                            fn()
-                            torch.cuda.synchronize()
-                            err = ""
-                            if name.startswith("flashc"):
-                                err = "%.3g" % (out.float() - ref).abs().max().item()
-                            ms = time_ms(fn, args.reps)
-                            results.append((name, ms, err))
-                        except Exception as e:  # a backend that cannot run this shape
-                            print("  %s d%d s%d causal%d: %s" % (name, d, s, causal, str(e)[:200]),
-                                  file=sys.stderr)
-                            results.append((name, float("nan"), ""))
-                    for name, ms, err in results:
-                        tf = fl / (ms * 1e-3) / 1e12
-                        gb = nbytes / (ms * 1e-3) / 1e9
-                        rows.append("%s,%s,%s,%d,%d,%d,%d,%d,%d,%d,%.4f,%.1f,%.1f,%s" %
-                                    (name, args.mode, dn, b, s, s, h, h, d, causal, ms, tf, gb, err))
-                    base = {n: float("nan") for n, _ in backends}
-                    base.update({n: m for n, m, _ in results})
-                    line = ("%s d%-3d s%-5d %-6s flashc %6.1f  flashc-sm80 %6.1f  sdpa-flash %6.1f  "
-                            "sdpa-cudnn %6.1f TFLOP/s  (flashc/FA2 %.2fx) err %s" %
-                            (dn, d, s, "causal" if causal else "", fl / base["flashc"] / 1e9,
-                             fl / base["flashc-sm80"] / 1e9, fl / base["sdpa-flash"] / 1e9,
-                             fl / base["sdpa-cudnn"] / 1e9, base["sdpa-flash"] / base["flashc"],
-                             results[-1][2]))
-                    print(line, flush=True)
-                    table.append(line)
-                    del q, k, v, out, lse, qt, kt, vt, ref
-    write_csv(args.csv, header, rows)
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # the reference of max_err
+            ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+        ref = ref.transpose(1, 2).float()
+        results = []
+        backends = (("sdpa-flash", sdpa(SDPBackend.FLASH_ATTENTION)),
+                    ("sdpa-cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)),
+                    ("flashc-sm80", flashc("sm80")),
+                    ("flashc", flashc("auto")))
+        for name, fn in (b for b in backends if b[0] in args.backends.split(",")):
+            try:
+                fn()
+                torch.cuda.synchronize()
+                err = ""
+                if name.startswith("flashc"):
+                    err = "%.3g" % (out.float() - ref).abs().max().item()
+                ms = time_ms(fn, args.reps)
+                results.append((name, ms, err))
+            except Exception as e:  # a backend that cannot run this shape
+                print("  %s d%d s%d causal%d: %s" % (name, d, s, causal, str(e)[:200]),
+                      file=sys.stderr)
+                results.append((name, float("nan"), ""))
+        for name, ms, err in results:
+            tf = fl / (ms * 1e-3) / 1e12
+            gb = nbytes / (ms * 1e-3) / 1e9
+            rows.append("%s,%s,%s,%d,%d,%d,%d,%d,%d,%d,%.4f,%.1f,%.1f,%s" %
+                        (name, args.mode, dn, b, s, s, h, h, d, causal, ms, tf, gb, err))
+        base = {n: float("nan") for n, _ in backends}
+        base.update({n: m for n, m, _ in results})
+        line = ("%s d%-3d s%-5d %-6s flashc %6.1f  flashc-sm80 %6.1f  sdpa-flash %6.1f  "
+                "sdpa-cudnn %6.1f TFLOP/s  (flashc/FA2 %.2fx) err %s" %
+                (dn, d, s, "causal" if causal else "", fl / base["flashc"] / 1e9,
+                 fl / base["flashc-sm80"] / 1e9, fl / base["sdpa-flash"] / 1e9,
+                 fl / base["sdpa-cudnn"] / 1e9, base["sdpa-flash"] / base["flashc"],
+                 results[-1][2]))
+        print(line, flush=True)
+        table.append(line)
+        del q, k, v, out, lse, qt, kt, vt, ref
+    write_csv(args.csv, rows)
     print("\n== flashc vs SDPA, %s (TFLOP/s) ==" % args.mode)
     print("\n".join(table))
 
 
 def bench_bwd(args, fc):
     """--mode bwd / fwdbwd: the loop of main() with gradients."""
-    dts = {"bf16": torch.bfloat16, "fp16": torch.float16}
-    header = "backend,mode,dtype,batch,seqlen_q,seqlen_k,heads,kv_heads,headdim,causal,ms,tflops,gbps,max_err"
     rows, table = [], []
     torch.manual_seed(0)
     names = ["sdpa-flash", "sdpa-cudnn", "flashc-det", "flashc"]
-    for dn in args.dtypes.split(","):
-        dt = dts[dn]
-        for d in map(int, args.headdims.split(",")):
-            for s in map(int, args.seqlens.split(",")):
-                for causal in map(int, args.causal.split(",")):
-                    h, b = 2048 // d, max(1, 16384 // s)
-                    q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for _ in range(4))
-                    out = torch.empty_like(q)
-                    lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-                    dq, dk, dv = (torch.empty_like(q) for _ in range(3))
-                    fl = flops(b, h, s, s, d, causal, args.mode)
-                    nbytes = 8 * q.numel() * q.element_size()  # q k v o do read, dq dk dv written
-                    qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
-                    dot = dout.transpose(1, 2)
+    for dn, dt, d, s, causal, h, b in sweep(args):
+        q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for _ in range(4))
+        out = torch.empty_like(q)
+        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+        dq, dk, dv = (torch.empty_like(q) for _ in range(3))
+        fl = flops(b, h, s, s, d, causal, args.mode)
+        nbytes = 8 * q.numel() * q.element_size()  # q k v o do read, dq dk dv written
+        qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
+        dot = dout.transpose(1, 2)
 
-                    def sdpa(backend):
-                        def graph():
-                            with sdpa_kernel(backend):
-                                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
-                        if args.mode == "fwdbwd":
-                            return lambda: torch.autograd.grad(graph(), (qt, kt, vt), dot)
-                        o = graph()
-                        return lambda: torch.autograd.grad(o, (qt, kt, vt), dot, retain_graph=True)
+        def sdpa(backend):
+            def graph():
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+            if args.mode == "fwdbwd":
+                return lambda: torch.autograd.grad(graph(), (qt, kt, vt), dot)
+            o = graph()
+            return lambda: torch.autograd.grad(o, (qt, kt, vt), dot, retain_graph=True)
 
-                    def flashc(det):
-                        call = fc.bwd_call(dout, q, k, v, out, lse, dq, dk, dv, causal, det)
-                        fc.fwd(q, k, v, out, lse, causal)
-                        if args.mode == "fwdbwd":
-                            return lambda: (fc.fwd(q, k, v, out, lse, causal), fc.bwd(call))
-                        return lambda: fc.bwd(call)
+        def flashc(det):
+            call = fc.bwd_call(dout, q, k, v, out, lse, dq, dk, dv, causal, det)
+            fc.fwd(q, k, v, out, lse, causal)
+            if args.mode == "fwdbwd":
+                return lambda: (fc.fwd(q, k, v, out, lse, causal), fc.bwd(call))
+            return lambda: fc.bwd(call)
 
-                    ref = sdpa(SDPBackend.FLASH_ATTENTION)()
-                    ref = [g.transpose(1, 2).float() for g in ref]
-                    results = []
-                    for name in (n for n in names if n in args.backends.split(",")):
-                        try:
-                            if name.startswith("flashc"):
-                                fn = flashc(name == "flashc-det")
-                            else:
-                                fn = sdpa(SDPBackend.FLASH_ATTENTION if name == "sdpa-flash"
-                                          else SDPBackend.CUDNN_ATTENTION)
-                            for t in (dq, dk, dv):
-                                t.fill_(float("nan"))
-                            fn()
-                            torch.cuda.synchronize()
-                            err = ""
-                            if name.startswith("flashc"):
-                                err = "%.3g" % max((g.float() - r).abs().max().item()
-                                                   for g, r in zip((dq, dk, dv), ref))
-                            results.append((name, time_ms(fn, args.reps), err))
-                        except Exception as e:  # a backend that cannot run this shape
-                            print("  %s d%d s%d causal%d: %s" % (name, d, s, causal, str(e)[:200]),
-                                  file=sys.stderr)
-                            results.append((name, float("nan"), ""))
-                    for name, ms, err in results:
-                        rows.append("%s,%s,%s,%d,%d,%d,%d,%d,%d,%d,%.4f,%.1f,%.1f,%s" %
-                                    (name, args.mode, dn, b, s, s, h, h, d, causal, ms,
-                                     fl / (ms * 1e-3) / 1e12, nbytes / (ms * 1e-3) / 1e9, err))
-                    base = {n: float("nan") for n in names}
-                    base.update({n: m for n, m, _ in results})
-                    line = ("%s d%-3d s%-5d %-6s flashc %6.1f  flashc-det %6.1f  sdpa-flash %6.1f  "
-                            "sdpa-cudnn %6.1f TFLOP/s  (flashc/FA2 %.2fx) err %s" %
-                            (dn, d, s, "causal" if causal else "", fl / base["flashc"] / 1e9,
-                             fl / base["flashc-det"] / 1e9, fl / base["sdpa-flash"] / 1e9,
-                             fl / base["sdpa-cudnn"] / 1e9, base["sdpa-flash"] / base["flashc"],
-                             results[-1][2]))
-                    print(line, flush=True)
-                    table.append(line)
-                    del q, k, v, dout, out, lse, dq, dk, dv, qt, kt, vt, ref
-                    torch.cuda.empty_cache()
-    write_csv(args.csv, header, rows)
+        ref = sdpa(SDPBackend.FLASH_ATTENTION)()
+        ref = [g.transpose(1, 2).float() for g in ref]
+        results = []
+        for name in (n for n in names if n in args.backends.split(",")):
+            try:
+                if name.startswith("flashc"):
+                    fn = flashc(name == "flashc-det")
+                else:
+                    fn = sdpa(SDPBackend.FLASH_ATTENTION if name == "sdpa-flash"
+                              else SDPBackend.CUDNN_ATTENTION)
+                for t in (dq, dk, dv):
+                    t.fill_(float("nan"))
+                fn()
+                torch.cuda.synchronize()
+                err = ""
+                if name.startswith("flashc"):
+                    err = "%.3g" % max((g.float() - r).abs().max().item()
+                                       for g, r in zip((dq, dk, dv), ref))
+                results.append((name, time_ms(fn, args.reps), err))
+            except Exception as e:  # a backend that cannot run this shape
+                print("  %s d%d s%d causal%d: %s" % (name, d, s, causal, str(e)[:200]),
+                      file=sys.stderr)
+                results.append((name, float("nan"), ""))
+        for name, ms, err in results:
+            rows.append("%s,%s,%s,%d,%d,%d,%d,%d,%d,%d,%.4f,%.1f,%.1f,%s" %
+                        (name, args.mode, dn, b, s, s, h, h, d, causal, ms,
+                         fl / (ms * 1e-3) / 1e12, nbytes / (ms * 1e-3) / 1e9, err))
+        base = {n: float("nan") for n in names}
+        base.update({n: m for n, m, _ in results})
+        line = ("%s d%-3d s%-5d %-6s flashc %6.1f  flashc-det %6.1f  sdpa-flash %6.1f  "
+                "sdpa-cudnn %6.1f TFLOP/s  (flashc/FA2 %.2fx) err %s" %
+                (dn, d, s, "causal" if causal else "", fl / base["flashc"] / 1e9,
+                 fl / base["flashc-det"] / 1e9, fl / base["sdpa-flash"] / 1e9,
+                 fl / base["sdpa-cudnn"] / 1e9, base["sdpa-flash"] / base["flashc"],
+                 results[-1][2]))
+        print(line, flush=True)
+        table.append(line)
+        del q, k, v, dout, out, lse, dq, dk, dv, qt, kt, vt, ref
+        torch.cuda.empty_cache()
+    write_csv(args.csv, rows)
     print("\n== flashc vs SDPA, %s (TFLOP/s) ==" % args.mode)
     print("\n".join(table))
 
@@ -354,10 +355,8 @@ def paged_copy(x, page, perm):
 
 
 def bench_decode(args, fc):
-    dts = {"bf16": torch.bfloat16, "fp16": torch.float16}
     dn = args.dtypes.split(",")[0]
-    dt, d = dts[dn], 128
-    header = "backend,mode,dtype,batch,seqlen_q,seqlen_k,heads,kv_heads,headdim,causal,ms,tflops,gbps,max_err"
+    dt, d = DTYPES[dn], 128
     rows, table = [], []
     torch.manual_seed(0)
 
@@ -440,7 +439,7 @@ def bench_decode(args, fc):
             table.append(line)
         del q, k, v, out, lse, qt, kt, vt, ref
         torch.cuda.empty_cache()
-    write_csv(args.csv, header, rows)
+    write_csv(args.csv, rows)
     print("\n== flashc vs SDPA, decode (GB/s of K and V read) ==")
     print("\n".join(table))
 

@@ -29,12 +29,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
-
-#include <initializer_list>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <initializer_list>
 #include <type_traits>
 
 #include "backend.h"
@@ -54,6 +53,37 @@
             return fc_set_error(FLASHC_ERR_CUDA, "%s: %s (%s:%d)", #expr,                    \
                                 cudaGetErrorString(fc_cuda_e_), __FILE__, __LINE__);         \
     } while (0)
+
+// ---- the dtype and device every kernel needs ----
+// bf16 or fp16.
+static flashc_status fc_cuda_dtype_check(const fc_attn *a) {
+    if (a->dtype != FLASHC_DTYPE_BF16 && a->dtype != FLASHC_DTYPE_FP16)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "q.dtype=%s but the CUDA backend supports bf16 and fp16",
+                            flashc_dtype_name(a->dtype));
+    return FLASHC_OK;
+}
+
+// The current device's properties the plans read.
+typedef struct {
+    int dev, major, minor, sms, smem_optin;
+} fc_cuda_device;
+
+// The current device, checked: compute capability >= 8.0.
+static flashc_status fc_cuda_device_get(fc_cuda_device *d) {
+    *d = fc_cuda_device{};
+    FC_CUDA_TRY(cudaGetDevice(&d->dev));
+    FC_CUDA_TRY(cudaDeviceGetAttribute(&d->major, cudaDevAttrComputeCapabilityMajor, d->dev));
+    FC_CUDA_TRY(cudaDeviceGetAttribute(&d->minor, cudaDevAttrComputeCapabilityMinor, d->dev));
+    FC_CUDA_TRY(cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, d->dev));
+    FC_CUDA_TRY(cudaDeviceGetAttribute(&d->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                       d->dev));
+    if (d->major < 8)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "CUDA device %d has compute capability %d.x but flashc needs >= 8.0",
+                            d->dev, d->major);
+    return FLASHC_OK;
+}
 
 // ---- operands the kernels read in place, and the repacked rest ----
 // 16-byte cp.async / vector stores: data 16-byte aligned, every stride a
@@ -245,10 +275,7 @@ typedef struct {
 // Every check of the CUDA forward, nothing launched: the dtype, options and
 // layouts the kernels take, and the current device.
 static flashc_status fc_cuda_fwd_check(const fc_attn *a, fc_cuda_fwd_plan *plan) {
-    if (a->dtype != FLASHC_DTYPE_BF16 && a->dtype != FLASHC_DTYPE_FP16)
-        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "q.dtype=%s but the CUDA backend supports bf16 and fp16",
-                            flashc_dtype_name(a->dtype));
+    FC_TRY(fc_cuda_dtype_check(a));
     if (a->probs)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "attn_probs is not supported by the CUDA backend (use the CPU)");
@@ -270,27 +297,20 @@ static flashc_status fc_cuda_fwd_check(const fc_attn *a, fc_cuda_fwd_plan *plan)
     plan->causal = a->window_right == 0;
     plan->empty = a->batch == 0 || a->heads == 0 || a->max_seqlen_q == 0;
 
-    int dev = 0, major = 0, minor = 0, smem_optin = 0;
-    FC_CUDA_TRY(cudaGetDevice(&dev));
-    FC_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    FC_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    FC_CUDA_TRY(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    if (major < 8)
-        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "CUDA device %d has compute capability %d.x but flashc needs >= 8.0",
-                            dev, major);
+    fc_cuda_device dv;
+    FC_TRY(fc_cuda_device_get(&dv));
     // sm_90a code runs on compute capability 9.0 exactly
     const char *force = getenv("FLASHC_CUDA_FAMILY");
-    const bool sm90 = major == 9 && minor == 0 && d8 > 32 && fc_fwd_dim(FC_FAMILY_SM90, d8) != 0 &&
-                      !(force && strcmp(force, "sm80") == 0);
+    const bool sm90 = dv.major == 9 && dv.minor == 0 && d8 > 32 &&
+                      fc_fwd_dim(FC_FAMILY_SM90, d8) != 0 && !(force && strcmp(force, "sm80") == 0);
     plan->family = sm90 ? FC_FAMILY_SM90 : FC_FAMILY_SM80;
     plan->dim = fc_fwd_dim(plan->family, d8);
     const int smem = fc_fwd_smem(plan->family, plan->dim);
-    if (smem > smem_optin)
+    if (smem > dv.smem_optin)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "head_dim=%lld needs %d bytes of shared memory per block but CUDA "
                             "device %d allows %d",
-                            (long long)a->head_dim, smem, dev, smem_optin);
+                            (long long)a->head_dim, smem, dv.dev, dv.smem_optin);
     return FLASHC_OK;
 }
 
@@ -474,10 +494,7 @@ typedef struct {
 
 static flashc_status fc_cuda_bwd_plan_make(const fc_attn *a, fc_cuda_bwd_plan *pl) {
     *pl = fc_cuda_bwd_plan{};
-    if (a->dtype != FLASHC_DTYPE_BF16 && a->dtype != FLASHC_DTYPE_FP16)
-        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "q.dtype=%s but the CUDA backend supports bf16 and fp16",
-                            flashc_dtype_name(a->dtype));
+    FC_TRY(fc_cuda_dtype_check(a));
     const int64_t d8 = (a->head_dim + 7) / 8 * 8;
     pl->dim = fc_bwd_dim(d8);
     if (pl->dim == 0)
@@ -494,21 +511,15 @@ static flashc_status fc_cuda_bwd_plan_make(const fc_attn *a, fc_cuda_bwd_plan *p
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "batch=%lld, kv_heads=%lld but the CUDA backend needs both <= 65535",
                             (long long)a->batch, (long long)a->kv_heads);
-    int dev = 0, major = 0, smem_optin = 0;
-    FC_CUDA_TRY(cudaGetDevice(&dev));
-    FC_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    FC_CUDA_TRY(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    if (major < 8)
-        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "CUDA device %d has compute capability %d.x but flashc needs >= 8.0",
-                            dev, major);
+    fc_cuda_device dv;
+    FC_TRY(fc_cuda_device_get(&dv));
     int smem = 0;
     fc_bwd_shape(pl->dim, &pl->br, &pl->bc, &smem);
-    if (smem > smem_optin)
+    if (smem > dv.smem_optin)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "head_dim=%lld: the backward needs %d bytes of shared memory per "
                             "block but CUDA device %d allows %d",
-                            (long long)a->head_dim, smem, dev, smem_optin);
+                            (long long)a->head_dim, smem, dv.dev, dv.smem_optin);
     pl->causal = a->window_right == 0;
     pl->empty = a->batch == 0 || a->heads == 0 || a->max_seqlen_k == 0;
 
@@ -754,25 +765,15 @@ static fc_attn fc_kv_attn(const fc_kvcache *kc, bool rotary, void *qrot, const i
 static flashc_status fc_cuda_kv_plan_make(const fc_kvcache *kc, fc_cuda_kv_plan *pl) {
     const fc_attn *a = &kc->attn;
     *pl = fc_cuda_kv_plan{};
-    if (a->dtype != FLASHC_DTYPE_BF16 && a->dtype != FLASHC_DTYPE_FP16)
-        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "q.dtype=%s but the CUDA backend supports bf16 and fp16",
-                            flashc_dtype_name(a->dtype));
+    FC_TRY(fc_cuda_dtype_check(a));
     const int64_t kMaxLen = (int64_t)1 << 30;  // the kernels' int row arithmetic stays exact
     if (kc->kv_capacity >= kMaxLen || a->max_seqlen_q >= kMaxLen)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "the cache holds %lld rows per sequence and q.shape[1]=%lld but the "
                             "CUDA backend needs both below 2^30",
                             (long long)kc->kv_capacity, (long long)a->max_seqlen_q);
-    int dev = 0, major = 0, sms = 0, smem_optin = 0;
-    FC_CUDA_TRY(cudaGetDevice(&dev));
-    FC_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    FC_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    FC_CUDA_TRY(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    if (major < 8)
-        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "CUDA device %d has compute capability %d.x but flashc needs >= 8.0",
-                            dev, major);
+    fc_cuda_device dv;
+    FC_TRY(fc_cuda_device_get(&dv));
 
     pl->attend = a->batch > 0 && a->max_seqlen_q > 0;
     pl->rotary = pl->attend && kc->rotary_dim > 0;
@@ -781,7 +782,7 @@ static flashc_status fc_cuda_kv_plan_make(const fc_kvcache *kc, fc_cuda_kv_plan 
     int bc = 0, smem = 0;
     pl->dim = fc_decode_dim(a->head_dim);
     fc_decode_shape(pl->dim, &bc, &smem);
-    pl->decode = pl->attend && a->head_dim % 8 == 0 && pl->dim > 0 && smem <= smem_optin &&
+    pl->decode = pl->attend && a->head_dim % 8 == 0 && pl->dim > 0 && smem <= dv.smem_optin &&
                  rows <= kFcDecodeMaxRows && fc_cuda_view_direct(&att.q, a->head_dim) &&
                  fc_cuda_view_direct(&att.k, a->head_dim) &&
                  fc_cuda_view_direct(&att.v, a->head_dim) &&
@@ -798,7 +799,7 @@ static flashc_status fc_cuda_kv_plan_make(const fc_kvcache *kc, fc_cuda_kv_plan 
         } else {
             int per_sm = 0;
             FC_CUDA_TRY(fc_decode_ctas_per_sm(pl->dim, a->dtype == FLASHC_DTYPE_BF16, &per_sm));
-            pl->splits = fc_decode_splits_heuristic(ctas, (int64_t)sms * (per_sm > 0 ? per_sm : 1),
+            pl->splits = fc_decode_splits_heuristic(ctas, (int64_t)dv.sms * (per_sm > 0 ? per_sm : 1),
                                                     tiles);
         }
         // one CTA per grid index, one combine warp per output row: int32 indices

@@ -32,18 +32,6 @@ __device__ __forceinline__ void fc_bwd_q_seq(const fc_cuda_bwd_params &p, int b,
     *sq = f.cu_seqlens_q ? f.cu_seqlens_q[b + 1] - (int)*tok0 : f.seqlen_q;
 }
 
-// Two packed 16-bit values as floats.
-template <typename T>
-__device__ __forceinline__ float2 fc_unpack2(uint32_t v);
-template <>
-__device__ __forceinline__ float2 fc_unpack2<__nv_bfloat16>(uint32_t v) {
-    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&v));
-}
-template <>
-__device__ __forceinline__ float2 fc_unpack2<__half>(uint32_t v) {
-    return __half22float2(*reinterpret_cast<__half2 *>(&v));
-}
-
 // grid (ceil(max_seqlen_q / 128), H, B), block 256: 8 lanes per row, 32 rows a pass.
 template <typename T>
 __global__ void __launch_bounds__(kFcBwdPrepThreads)

@@ -5,6 +5,8 @@
 //   ldmatrix.x4 (and .trans)            shared -> the mma fragment registers
 //   mma.sync.m16n8k16 bf16 / f16 -> f32 tensor-core multiply-accumulate
 //   ex2.approx, rcp.approx, shared and global vector moves
+//   4-byte cp.async, ld.shared.f32, ld.acquire.gpu (the backward's per-row
+//   scratch and its deterministic turn counters)
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with
 // g = lane / 4 and t = lane % 4:
@@ -32,6 +34,11 @@ __device__ __forceinline__ void fc_cp_async_16(uint32_t dst, const void *src, bo
     const int bytes = pred ? 16 : 0;
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                  "r"(bytes));
+}
+
+// Copy 4 bytes global -> shared (both 4-byte aligned), through L1.
+__device__ __forceinline__ void fc_cp_async_4(uint32_t dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
 }
 
 __device__ __forceinline__ void fc_cp_async_commit() {
@@ -100,6 +107,18 @@ __device__ __forceinline__ uint32_t fc_pack2<__half>(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
+// Two packed 16-bit values as floats.
+template <typename T>
+__device__ __forceinline__ float2 fc_unpack2(uint32_t v);
+template <>
+__device__ __forceinline__ float2 fc_unpack2<__nv_bfloat16>(uint32_t v) {
+    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&v));
+}
+template <>
+__device__ __forceinline__ float2 fc_unpack2<__half>(uint32_t v) {
+    return __half22float2(*reinterpret_cast<__half2 *>(&v));
+}
+
 // ---- special functions ----
 // 2^x, max relative error 2^-22; 2^-inf = +0 (the masked-score path relies on it).
 __device__ __forceinline__ float fc_exp2(float x) {
@@ -119,6 +138,12 @@ __device__ __forceinline__ void fc_st_shared_b32(uint32_t addr, uint32_t v) {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
+__device__ __forceinline__ float fc_ld_shared_f32(uint32_t addr) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
+    return v;
+}
+
 __device__ __forceinline__ uint4 fc_ld_shared_v4(uint32_t addr) {
     uint4 v;
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
@@ -133,6 +158,14 @@ __device__ __forceinline__ void fc_st_global_v4(void *ptr, uint4 v) {
     asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "r"(v.x), "r"(v.y),
                  "r"(v.z), "r"(v.w)
                  : "memory");
+}
+
+// A 4-byte load with acquire semantics at GPU scope (a turn counter another
+// CTA releases).
+__device__ __forceinline__ int fc_ld_acquire(const int32_t *p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
 }
 
 #endif  // FLASHC_CUDA_PTX_CUH

@@ -55,17 +55,6 @@
 #include "../common/ptx.cuh"
 #include "../traits.h"
 
-// ---- small PTX helpers of the backward ----
-__device__ __forceinline__ void fc_cp_async_4(uint32_t dst, const void *src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
-}
-
-__device__ __forceinline__ float fc_ld_shared_f32(uint32_t addr) {
-    float v;
-    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
-    return v;
-}
-
 // The dQ reductions of a pair of 8-column C-fragment tiles (a, b: cols col0 ..
 // col0 + 15 of rows g and g + 8) into the fp32 rows at row0 and row1 (NULL:
 // a row past the tile's valid rows), atomically per element; a tile at or past
@@ -111,11 +100,6 @@ __device__ __forceinline__ void fc_red_pair(float *row0, float *row1, int col0, 
 #endif
 }
 
-__device__ __forceinline__ int fc_ld_acquire(const int32_t *p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 
 // ---- the kernel ----
 // grid (ceil(max_seqlen_k / Bc), Hk, B), block kThreads, dynamic smem kSmemBytes.
