@@ -13,11 +13,12 @@ dim needs. For each family F, head dim D and dtype it writes
                                              FC_F_FWD_HEADDIMS(X), the list
                                              launch.cu's switch is built from
 
-and from FC_SM80_BWD_TILES in src/cuda/traits.h the backward's:
+and from FC_SM80_BWD_TILES and FC_SM90_BWD_TILES in src/cuda/traits.h the
+backward's, for F = sm80, sm90:
 
-    src/cuda/sm80/inst/bwd_d{D}_{bf16,fp16}.cu     sm80_bwd_launch<D, T, causal>
-    src/cuda/sm80/inst/bwd_instances.h             their extern declarations and
-                                                  FC_SM80_BWD_HEADDIMS(X)
+    src/cuda/F/inst/bwd_d{D}_{bf16,fp16}.cu        F_bwd_launch<D, T, causal>
+    src/cuda/F/inst/bwd_instances.h                their extern declarations and
+                                                  FC_F_BWD_HEADDIMS(X)
 
 and likewise, from FC_SM80_DECODE_TILES in src/cuda/decode_traits.h, the decode
 kernel's instances:
@@ -163,10 +164,12 @@ def main():
         write_instances(ROOT / "src" / "cuda" / fam / "inst", "fwd", dims,
                         lambda d, ty, fam=fam: instance_file(fam, d, ty), "instances.h",
                         instances_h(fam, dims))
-    dims = table_dims(TRAITS, "FC_SM80_BWD_TILES")
-    write_instances(INST, "bwd", dims,
-                    lambda d, ty: instance_file("sm80", d, ty, "bwd", BWD_ARGS), "bwd_instances.h",
-                    instances_h("sm80", dims, "bwd", BWD_ARGS, ("bwd_params.h", "fc_cuda_bwd_params")))
+    for fam in FAMILIES:
+        dims = table_dims(TRAITS, f"FC_{fam.upper()}_BWD_TILES")
+        write_instances(ROOT / "src" / "cuda" / fam / "inst", "bwd", dims,
+                        lambda d, ty, fam=fam: instance_file(fam, d, ty, "bwd", BWD_ARGS),
+                        "bwd_instances.h",
+                        instances_h(fam, dims, "bwd", BWD_ARGS, ("bwd_params.h", "fc_cuda_bwd_params")))
     dims = table_dims(DECODE_TRAITS, "FC_SM80_DECODE_TILES")
     write_instances(INST, "decode", dims, decode_instance_file, "decode_instances.h",
                     decode_instances_h(dims))

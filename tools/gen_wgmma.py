@@ -15,6 +15,13 @@ src/cuda/common/wgmma_ops.cuh
                                                     of the warp's 16 rows), B
                                                     MN-major (transposed)
 
+and, for the backward's table FC_SM90_BWD_TILES (rows D, Br: S^T = K Q^T has
+N = Br, dV and dK N = D, dQ N = D * Br / 128, the warpgroup's share):
+
+    fc_wgmma_ss_mn<N, T>(d, desc_a, desc_b, scale_d) A, B from shared memory,
+                                                    both MN-major (dQ = dS K
+                                                    from dS^T and K as stored)
+
 d += A B when scale_d != 0, d = A B when scale_d == 0. The output starts
 "generated; do not edit". Run from anywhere:
     python3 tools/gen_wgmma.py
@@ -48,6 +55,18 @@ def widths():
     return sorted(ns)
 
 
+def bwd_widths():
+    """(N of ss and rs, N of ss_mn) the backward's table needs."""
+    text = TRAITS.read_text()
+    m = re.search(r"#define FC_SM90_BWD_TILES\(X\)(.*?)\n#endif", text, re.S)
+    if not m:
+        sys.exit(f"{TRAITS}: FC_SM90_BWD_TILES(X) not found")
+    rows = [(int(d), int(br)) for d, br in re.findall(r"X\(\s*(\d+)\s*,\s*(\d+)\s*\)", m.group(1))]
+    if not rows:
+        sys.exit(f"{TRAITS}: FC_SM90_BWD_TILES(X) has no rows")
+    return {n for d, br in rows for n in (d, br)}, {d * br // 128 for d, br in rows}
+
+
 def regs(n, first=0):
     return ", ".join(f"%{first + i}" for i in range(n))
 
@@ -56,15 +75,15 @@ def outs(n):
     return ", ".join(f'"+f"(d[{i}])' for i in range(n))
 
 
-def ss(n, ptx, ty):
+def ss(n, ptx, ty, name="fc_wgmma_ss", trans="0, 0"):
     r = n // 2
     return (
-        f"template <>\n__device__ __forceinline__ void fc_wgmma_ss<{n}, {ty}>(float (&d)[{r}], uint64_t a,\n"
+        f"template <>\n__device__ __forceinline__ void {name}<{n}, {ty}>(float (&d)[{r}], uint64_t a,\n"
         f"        uint64_t b, int scale_d) {{\n"
         f'    asm volatile(\n        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"\n'
         f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "\n'
         f'        "{{{regs(r)}}}, "\n'
-        f'        "%{r}, %{r + 1}, p, 1, 1, 0, 0;\\n}}\\n"\n'
+        f'        "%{r}, %{r + 1}, p, 1, 1, {trans};\\n}}\\n"\n'
         f"        : {outs(r)}\n"
         f'        : "l"(a), "l"(b), "r"(scale_d));\n}}\n\n')
 
@@ -82,7 +101,7 @@ def rs(n, ptx, ty):
         f'        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));\n}}\n\n')
 
 
-def header(ns):
+def header(ns, ns_mn):
     out = ["// generated; do not edit. Written by tools/gen_wgmma.py from src/cuda/traits.h.\n",
            "// The wgmma.mma_async wrappers of the sm90 kernels, one per (N, dtype): see\n",
            "// tools/gen_wgmma.py for the operand conventions and wgmma.cuh for the rest.\n",
@@ -91,18 +110,23 @@ def header(ns):
            "template <int N, typename T>\n",
            "__device__ void fc_wgmma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, int scale_d);\n",
            "template <int N, typename T>\n",
-           "__device__ void fc_wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b, int scale_d);\n\n"]
+           "__device__ void fc_wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b, int scale_d);\n",
+           "template <int N, typename T>\n",
+           "__device__ void fc_wgmma_ss_mn(float (&d)[N / 2], uint64_t a, uint64_t b, int scale_d);\n\n"]
     for n in ns:
         out.append(f"// ---- N = {n} ----\n")
         for ptx, ty in DTYPES:
             out.append(ss(n, ptx, ty))
             out.append(rs(n, ptx, ty))
+            if n in ns_mn:
+                out.append(ss(n, ptx, ty, "fc_wgmma_ss_mn", "1, 1"))
     out.append("#endif  // FLASHC_CUDA_WGMMA_OPS_CUH\n")
     return "".join(out)
 
 
 def main():
-    text = header(widths())
+    ns, ns_mn = bwd_widths()
+    text = header(sorted(set(widths()) | ns | ns_mn), ns_mn)
     if not OUT.exists() or OUT.read_text() != text:
         OUT.write_text(text)
         print(f"wrote {OUT.relative_to(ROOT)}")

@@ -1,6 +1,6 @@
 // bwd_params.h : the one argument struct of the CUDA backward kernels
-// (common/bwd_prep.cuh: the preprocess and dQ kernels; sm80/bwd_kernel.cuh:
-// the main kernel).
+// (common/bwd_prep.cuh: the preprocess and dQ kernels; sm80/bwd_kernel.cuh
+// and sm90/bwd_kernel.cuh: the main kernels).
 //
 // It embeds the forward's fc_cuda_fwd_params (params.h): q, k, v, out, their
 // strides, the sequence layout, masks, softcap, ALiBi, dropout and the
@@ -48,7 +48,9 @@ typedef struct fc_cuda_bwd_params {
     int32_t *sem;     // [H][rows / Br]: deterministic mode's turn counters, or NULL
     int64_t rows;     // rows of each head's scratch
     int32_t sq_pad;   // batched: Sq rounded up to kFcBwdPadRows
-    int32_t dq_pitch; // floats per dq_accum row (f.head_dim)
+    int32_t dq_pitch; // floats per dq_accum row (f.head_dim; sm90: the instance's D)
+    int32_t dq_swizzle; // 1: the sm90 kernel's layout, 16-byte chunk c of the row of
+                        // query i (in its sequence) at chunk c ^ (i % 8)
     int32_t sem_br;   // Br of the main kernel (the semaphore granularity)
 
     float ds_scale;   // d(logit)/d(q.k) without softcap: the softmax scale

@@ -423,27 +423,33 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
 // ---- the backward ----
 // fc_cuda_bwd(a) runs on a->stream, in order: the repack of operands the
 // kernels cannot read in place (as the forward), fc_bwd_pre_kernel (delta,
-// lse2, dq_accum zeroed; common/bwd_prep.cuh), the main kernel
-// (sm80/bwd_kernel.cuh, one CTA per (key block, kv head, sequence)),
+// lse2, dq_accum zeroed; common/bwd_prep.cuh), the main kernel (one CTA per
+// (key block, kv head, sequence): sm90/bwd_kernel.cuh on compute capability
+// 9.0 for head dims 33..128 without dropout, else sm80/bwd_kernel.cuh),
 // fc_bwd_dq_kernel (dq = dq_accum * scale), the copy-back of packed dk, dv.
 // With params.deterministic the main kernel's turn counters are zeroed first.
 // Scratch (bwd_params.h) comes from the workspace: lse2 and delta [H][rows],
-// dq_accum [H][rows][dp] fp32, the counters [H][rows / Br] int32.
+// dq_accum [H][rows][dq_pitch] fp32, the counters [H][rows / Br] int32.
 #ifndef FLASHC_CUDA_NO_BWD
 #include "bwd_params.h"
 #include "common/bwd_prep.cuh"
 #include "sm80/inst/bwd_instances.h"
+#include "sm90/inst/bwd_instances.h"
 
-// Smallest compiled backward head dim >= d, or 0.
-static int fc_bwd_dim(int64_t d) {
+// Smallest compiled backward head dim >= d of the family, or 0.
+static int fc_bwd_dim(int family, int64_t d) {
 #define FC_DIM_(D) \
     if (d <= D) return D;
+    if (family == FC_FAMILY_SM90) {
+        FC_SM90_BWD_HEADDIMS(FC_DIM_)
+        return 0;
+    }
     FC_SM80_BWD_HEADDIMS(FC_DIM_)
 #undef FC_DIM_
     return 0;
 }
 
-// Largest compiled backward head dim.
+// Largest compiled backward head dim (of the sm80 family, which has them all).
 static int fc_bwd_max_dim(void) {
     int m = 0;
 #define FC_MAX_(D) m = D;
@@ -452,16 +458,21 @@ static int fc_bwd_max_dim(void) {
     return m;
 }
 
-// Tile (Br, Bc) and shared memory of the backward instance for head dim `dim`.
-static void fc_bwd_shape(int dim, int *br, int *bc, int *smem) {
+// Tile (Br, Bc) and shared memory of the family's backward instance for head dim `dim`.
+static void fc_bwd_shape(int family, int dim, int *br, int *bc, int *smem) {
     *br = *bc = *smem = 0;
-#define FC_SHAPE_(D)                                  \
-    if (dim == D) {                                   \
-        *br = fc_sm80_bwd_traits<D>::kBr;             \
-        *bc = fc_sm80_bwd_traits<D>::kBc;             \
-        *smem = fc_sm80_bwd_traits<D>::kSmemBytes;    \
+#define FC_SHAPE_(FAM, F, D)                                \
+    if (family == FAM && dim == D) {                        \
+        *br = fc_##F##_bwd_traits<D>::kBr;                  \
+        *bc = fc_##F##_bwd_traits<D>::kBc;                  \
+        *smem = fc_##F##_bwd_traits<D>::kSmemBytes;         \
     }
-    FC_SM80_BWD_HEADDIMS(FC_SHAPE_)
+#define FC_SHAPE80_(D) FC_SHAPE_(FC_FAMILY_SM80, sm80, D)
+#define FC_SHAPE90_(D) FC_SHAPE_(FC_FAMILY_SM90, sm90, D)
+    FC_SM80_BWD_HEADDIMS(FC_SHAPE80_)
+    FC_SM90_BWD_HEADDIMS(FC_SHAPE90_)
+#undef FC_SHAPE90_
+#undef FC_SHAPE80_
 #undef FC_SHAPE_
 }
 
@@ -477,12 +488,27 @@ static cudaError_t fc_sm80_bwd_run(const fc_cuda_bwd_params &p, bool causal, dim
                   : sm80_bwd_launch<D, T, false>(p, grid, stream);
 }
 
+template <int D, typename T>
+static cudaError_t fc_sm90_bwd_run(const fc_cuda_bwd_params &p, bool causal, dim3 grid,
+                                   cudaStream_t stream) {
+    using Tr = fc_sm90_bwd_traits<D>;
+    FC_LOG("sm90_bwd_kernel<D=%d, %s, causal=%d>: Br=%d Bc=%d q_stages=%d grid=(%u,%u,%u) "
+           "block=%d smem=%d deterministic=%d", D, fc_cuda_dtype_name<T>(), (int)causal, Tr::kBr,
+           Tr::kBc, Tr::kQStages, grid.x, grid.y, grid.z, Tr::kThreads, Tr::kSmemBytes,
+           (int)p.deterministic);
+    return causal ? sm90_bwd_launch<D, T, true>(p, grid, stream)
+                  : sm90_bwd_launch<D, T, false>(p, grid, stream);
+}
+
 enum { FC_BWW_PACK, FC_BWW_LSE2, FC_BWW_DELTA, FC_BWW_DQACC, FC_BWW_SEM, FC_BWW_N };
 
 // What fc_cuda_bwd will run.
 typedef struct {
-    int dim;          // compiled head dim (>= head_dim, zero-padded)
+    int family;       // FC_FAMILY_SM80 or FC_FAMILY_SM90
+    int dim;          // compiled head dim of the family (>= head_dim, zero-padded)
     int br, bc;       // its tile
+    int64_t dq_pitch; // floats per dq_accum row: sm90 the instance's D (its bulk
+                      // reductions cover whole rows), sm80 the packed row
     bool causal;      // the kCausal instance
     bool empty;       // no batch, head or key: nothing to write
     int64_t rows;     // scratch rows per head (a multiple of 128)
@@ -496,8 +522,7 @@ static flashc_status fc_cuda_bwd_plan_make(const fc_attn *a, fc_cuda_bwd_plan *p
     *pl = fc_cuda_bwd_plan{};
     FC_TRY(fc_cuda_dtype_check(a));
     const int64_t d8 = (a->head_dim + 7) / 8 * 8;
-    pl->dim = fc_bwd_dim(d8);
-    if (pl->dim == 0)
+    if (fc_bwd_dim(FC_FAMILY_SM80, d8) == 0)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "head_dim=%lld but this CUDA build's backward supports up to %d",
                             (long long)a->head_dim, fc_bwd_max_dim());
@@ -513,8 +538,14 @@ static flashc_status fc_cuda_bwd_plan_make(const fc_attn *a, fc_cuda_bwd_plan *p
                             (long long)a->batch, (long long)a->kv_heads);
     fc_cuda_device dv;
     FC_TRY(fc_cuda_device_get(&dv));
+    // sm_90a code runs on compute capability 9.0 exactly; its kernel has no dropout
+    const char *force = getenv("FLASHC_CUDA_FAMILY");
+    const bool sm90 = dv.major == 9 && dv.minor == 0 && d8 > 32 && a->dropout_p == 0.0f &&
+                      fc_bwd_dim(FC_FAMILY_SM90, d8) != 0 && !(force && strcmp(force, "sm80") == 0);
+    pl->family = sm90 ? FC_FAMILY_SM90 : FC_FAMILY_SM80;
+    pl->dim = fc_bwd_dim(pl->family, d8);
     int smem = 0;
-    fc_bwd_shape(pl->dim, &pl->br, &pl->bc, &smem);
+    fc_bwd_shape(pl->family, pl->dim, &pl->br, &pl->bc, &smem);
     if (smem > dv.smem_optin)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "head_dim=%lld: the backward needs %d bytes of shared memory per "
@@ -528,13 +559,14 @@ static flashc_status fc_cuda_bwd_plan_make(const fc_attn *a, fc_cuda_bwd_plan *p
     const int64_t rows = a->cu_seqlens_q ? a->total_q + a->batch * pad : a->batch * pl->sq_pad;
     pl->rows = (rows + pad - 1) / pad * pad;
     pl->pk = fc_cuda_pack_layout(a, FC_PACK_N);
+    pl->dq_pitch = sm90 ? pl->dim : pl->pk.dp;
     const size_t h = (size_t)a->heads, r = (size_t)pl->rows;
     size_t sizes[FC_BWW_N] = {0};
     if (!pl->empty) {
         sizes[FC_BWW_PACK] = pl->pk.bytes;
         sizes[FC_BWW_LSE2] = h * r * sizeof(float);
         sizes[FC_BWW_DELTA] = h * r * sizeof(float);
-        sizes[FC_BWW_DQACC] = h * r * (size_t)pl->pk.dp * sizeof(float);
+        sizes[FC_BWW_DQACC] = h * r * (size_t)pl->dq_pitch * sizeof(float);
         if (a->deterministic) sizes[FC_BWW_SEM] = h * (r / (size_t)pl->br) * sizeof(int32_t);
     }
     pl->bytes = fc_ws_layout(FC_BWW_N, sizes, pl->off);
@@ -579,7 +611,8 @@ extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes
     p.sem = a->deterministic ? (int32_t *)(base + pl.off[FC_BWW_SEM]) : NULL;
     p.rows = pl.rows;
     p.sq_pad = pl.sq_pad;
-    p.dq_pitch = (int32_t)pl.pk.dp;
+    p.dq_pitch = (int32_t)pl.dq_pitch;
+    p.dq_swizzle = pl.family == FC_FAMILY_SM90;
     p.sem_br = pl.br;
     p.ds_scale = a->scale;
     p.log2e = (float)(1.0 / log(2.0));
@@ -603,19 +636,26 @@ extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes
     }
     const dim3 grid((unsigned)((a->max_seqlen_k + pl.bc - 1) / pl.bc), (unsigned)a->kv_heads,
                     (unsigned)a->batch);
-    switch (pl.dim) {
-#define FC_CASE_(D)                                                                    \
+    e = cudaErrorInvalidValue;  // no instance: cannot happen after the plan
+#define FC_CASE_(F, D)                                                                 \
     case D:                                                                            \
-        e = bf16 ? fc_sm80_bwd_run<D, __nv_bfloat16>(p, pl.causal, grid, stream)       \
-                 : fc_sm80_bwd_run<D, __half>(p, pl.causal, grid, stream);             \
+        e = bf16 ? fc_##F##_bwd_run<D, __nv_bfloat16>(p, pl.causal, grid, stream)      \
+                 : fc_##F##_bwd_run<D, __half>(p, pl.causal, grid, stream);            \
         break;
-        FC_SM80_BWD_HEADDIMS(FC_CASE_)
-#undef FC_CASE_
-    default: e = cudaErrorInvalidValue; break;  // no instance: cannot happen after the plan
+#define FC_CASE80_(D) FC_CASE_(sm80, D)
+#define FC_CASE90_(D) FC_CASE_(sm90, D)
+    if (pl.family == FC_FAMILY_SM90) {
+        switch (pl.dim) { FC_SM90_BWD_HEADDIMS(FC_CASE90_) default: break; }
+    } else {
+        switch (pl.dim) { FC_SM80_BWD_HEADDIMS(FC_CASE80_) default: break; }
     }
+#undef FC_CASE90_
+#undef FC_CASE80_
+#undef FC_CASE_
     if (e != cudaSuccess)
-        return fc_set_error(FLASHC_ERR_CUDA, "sm80_bwd_kernel<D=%d, %s, causal=%d> launch: %s",
-                            pl.dim, bf16 ? "bf16" : "fp16", (int)pl.causal, cudaGetErrorString(e));
+        return fc_set_error(FLASHC_ERR_CUDA, "sm%d_bwd_kernel<D=%d, %s, causal=%d> launch: %s",
+                            pl.family, pl.dim, bf16 ? "bf16" : "fp16", (int)pl.causal,
+                            cudaGetErrorString(e));
     if (prep_grid.x > 0) {
         if (bf16)
             fc_bwd_dq_kernel<__nv_bfloat16><<<prep_grid, kFcBwdPrepThreads, 0, stream>>>(p);

@@ -238,4 +238,59 @@ struct fc_sm90_fwd_traits : fc_sm90_fwd_tile<D> {
     static_assert(kAccRegs <= 200, "accumulators leave too few of the 255 registers");
 };
 
+// ---- the sm90 backward (sm90/bwd_kernel.cuh: wgmma, sm_90a only) ----
+// One row per head dim D: the query tile Br walked per iteration. The key tile is Bc = 128 rows, 64 per warpgroup
+// of two: S^T = K Q^T and dP^T = V dO^T put the keys on wgmma's M side, so each
+// warpgroup keeps dK, dV of its 64 keys in registers and feeds P^T, dS^T to the
+// dV, dK GEMMs from registers. dQ = dS K (Br x D) is split over the two
+// warpgroups by query rows when Br = 128, by D columns when Br = 64 (each part
+// a multiple of 64 columns). Registers per thread: dK + dV D, S^T + dP^T Br.
+// Shared memory: K, V 128 D 2 each, Q, dO stages Br D 2 each, dS^T 128 Br 2,
+// the fp32 dQ tile Br D 4 (the source of one bulk reduction), lse2 and delta
+// stages Br 4 each, + 1 KB for the 1024-byte alignment. Other head dims than
+// the rows' run zero-padded on the next row (launch.cu), as in the forward.
+#ifndef FC_SM90_BWD_TILES
+//   X(D,  Br)
+#define FC_SM90_BWD_TILES(X) \
+    X(64,  128)              \
+    X(128, 64)
+#endif
+
+template <int D>
+struct fc_sm90_bwd_tile;  // only the rows of the table exist
+
+#define FC_SM90_BWD_TILE_ROW_(D_, BR) \
+    template <>                       \
+    struct fc_sm90_bwd_tile<D_> {     \
+        static constexpr int kBr = BR; \
+    };
+FC_SM90_BWD_TILES(FC_SM90_BWD_TILE_ROW_)
+#undef FC_SM90_BWD_TILE_ROW_
+
+template <int D>
+struct fc_sm90_bwd_traits : fc_sm90_bwd_tile<D> {
+    using tile = fc_sm90_bwd_tile<D>;
+    static constexpr int kD = D;
+    static constexpr int kBr = tile::kBr;
+    static constexpr int kBc = 128, kThreads = 256;  // two warpgroups of 64 keys
+    static constexpr int kQStages = 2;               // the Q / dO ring (sm90/bwd_kernel.cuh)
+    static constexpr int kChunks = D / 8;
+    // dQ: warpgroup w owns query rows 64 (w % kMW) .., columns kDQN (w / kMW) ..
+    static constexpr int kMW = kBr / 64, kDQN = D * kMW / 2;
+    static constexpr int kKVBytes = kBc * D * 2;
+    static constexpr int kQBytes = kBr * D * 2;
+    static constexpr int kDSBytes = kBc * kBr * 2;
+    static constexpr int kDQBytes = kBr * D * 4;
+    static constexpr int kSmemBytes =
+        1024 + 2 * kKVBytes + 2 * kQStages * kQBytes + kDSBytes + kDQBytes + 2 * kQStages * kBr * 4;
+    static constexpr int kAccRegs = D + kBr;
+
+    static_assert(D % 64 == 0 && D >= 64 && D <= 256, "head dim: a multiple of 64 up to 256");
+    static_assert(kBr == 64 || kBr == 128, "Br: one or two 64-row wgmma tiles");
+    static_assert(kBr <= kFcBwdPadRows, "Br must not exceed the scratch pad rows");
+    static_assert(kDQN % 64 == 0, "each warpgroup's dQ columns: whole 64-column blocks");
+    static_assert(kSmemBytes <= FC_SM90_SMEM_LIMIT, "shared memory must fit 227 KB (sm90)");
+    static_assert(kAccRegs <= 192, "accumulators leave too few of the 255 registers");
+};
+
 #endif  // FLASHC_CUDA_TRAITS_H

@@ -8,7 +8,8 @@
 //                       +inf and delta = 0, so the main kernel's tiles read
 //                       them without a bounds test.
 //   fc_bwd_dq_kernel    dq = dq_accum * scale in the dtype, at the caller's
-//                       strides and head dim.
+//                       strides and head dim (un-swizzling the sm90 kernel's
+//                       rows, bwd_params.h dq_swizzle).
 // Both run over (128-row blocks, H, B); a row that lies past its sequence's
 // padded rows is skipped. out and dout are read with 16-byte loads: launch.cu
 // hands them in place only when aligned (else a repacked copy).
@@ -106,7 +107,9 @@ __global__ void __launch_bounds__(kFcBwdPrepThreads)
         const int64_t tok = tok0 + i0 + r;
         const int64_t base = (p.f.cu_seqlens_q ? 0 : (int64_t)b * p.dq_s_batch) +
                              tok * p.dq_s_seq + (int64_t)h * p.dq_s_head + c;
-        const float *acc = p.dq_accum + (srow0 + r) * p.dq_pitch + c;
+        // c is even: c and c + 1 share a 16-byte chunk, swizzled or not
+        const int sc = p.dq_swizzle ? ((((c >> 2) ^ ((i0 + r) & 7))) << 2) + (c & 3) : c;
+        const float *acc = p.dq_accum + (srow0 + r) * p.dq_pitch + sc;
         if (c + 1 < p.dq_head_dim && ((uintptr_t)(dq + base) & 3) == 0) {
             *reinterpret_cast<uint32_t *>(dq + base) = fc_pack2<T>(acc[0] * p.ds_scale, acc[1] * p.ds_scale);
         } else {

@@ -7,6 +7,8 @@
 //   fence.proxy.async.shared::cta             generic-proxy writes (cp.async,
 //                                             st.shared) -> wgmma reads
 //   bar.sync id, n                            a barrier of one warpgroup
+//   cp.reduce.async.bulk (.add.f32)           a shared fp32 tile added to
+//                                             global memory by the TMA unit
 //
 // The layout (PTX ISA "Shared Memory Matrix Layout", 128B swizzle): a tile of
 // R rows x D 16-bit elements is stored as D/64 column blocks of R rows x 128
@@ -93,6 +95,36 @@ __device__ __forceinline__ void fc_fence_proxy_async() {
 // Barrier `id` (1..15; 0 is __syncthreads) over `threads` threads.
 __device__ __forceinline__ void fc_bar_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- bulk reductions (the backward's dQ) ----
+// Add `bytes` (a multiple of 16; both addresses 16-byte aligned) of fp32 from
+// shared address `src` to global `dst`, element by element, asynchronously;
+// one thread issues it. The shared writes it reads must be fenced
+// (fc_fence_proxy_async) by their writers and ordered before it by a barrier.
+__device__ __forceinline__ void fc_bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+                 "r"(src), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void fc_bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Until at most N of this thread's bulk groups still read their shared source.
+template <int N>
+__device__ __forceinline__ void fc_bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+
+// Until at most N of this thread's bulk groups are incomplete (their global
+// writes performed), then order them before this thread's later generic
+// accesses (a release that publishes them).
+template <int N>
+__device__ __forceinline__ void fc_bulk_wait_done() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
 #endif  // FLASHC_CUDA_WGMMA_CUH

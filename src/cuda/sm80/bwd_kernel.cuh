@@ -396,7 +396,6 @@ __global__ void __launch_bounds__(fc_sm80_bwd_traits<D>::kThreads)
                         fc_mma_16816<T>(acc_q[2 * dp + 1], as, bk[2], bk[3]);
                     }
                 }
-#pragma unroll
                 float *row0 = s_row + g < rows ? p.dq_accum + (srow + s_row + g) * p.dq_pitch
                                                : nullptr;
                 float *row1 = s_row + g + 8 < rows

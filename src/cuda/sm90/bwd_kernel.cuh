@@ -1,0 +1,429 @@
+// bwd_kernel.cuh : the sm90 (Hopper, sm_90a) attention backward: the
+// FlashAttention-2 work split (Dao 2023, Algorithm 2: key blocks parallel,
+// query blocks a loop) on warpgroup MMAs, with FlashAttention-3's operand
+// arrangement (Shah et al. 2024, §3 and App. B: the S and dP GEMMs swapped so
+// the keys are wgmma's M side, dV and dK from registers, dQ reduced in bulk).
+//
+// A CTA of two warpgroups owns the key block Kj, Vj (Bc = 128 rows of one KV
+// head hk of one sequence; warpgroup w the keys 64w .. 64w + 63) and keeps dKj,
+// dVj of its keys in registers while it walks every query block Qi (Br rows)
+// of every query head of hk's group (GQA sums in place: dK, dV written once):
+//     S^T  = Kj Qi^T,  dP^T = Vj dOi^T    wgmma SS m64nBr, fp32
+//     P^T  = exp2(x sl2 - lse2)           x, masks, softcap, ALiBi as the
+//     dS^T = P^T o (dP^T - delta) o dt    sm80 kernel (sm80/bwd_kernel.cuh)
+//     dVj += P^T dOi,  dKj += dS^T Qi      wgmma RS m64nD: the accumulator of
+//                                         S^T is the A fragment (wgmma.cuh)
+//     dQi  = dS Kj                        wgmma SS m64n(D Br / 128), A = dS^T
+//                                         and B = K read MN-major from smem
+// dQi goes to a shared fp32 tile and from there, by one thread, to dq_accum
+// with one bulk reduction (cp.reduce.async.bulk .add.f32: the TMA unit does
+// the adds, the warps issue no atomics). The tile's 16-byte chunks are
+// XOR-swizzled by row (chunk c of row r at c ^ (r % 8)) so the fragment stores
+// hit distinct banks; dq_accum holds the same swizzle and the dQ kernel
+// (common/bwd_prep.cuh, dq_swizzle) undoes it.
+//
+// Data movement: K, V once; Q, dO, lse2, delta through a ring of two slots
+// (cp.async, wgmma.cuh's 128B-swizzled layout): after the first barrier of
+// iteration it, the slot of it - 1 is free and takes it + 1's successor, so
+// every load has an iteration to land. dS^T goes to shared memory
+// [key][query] for the dQ GEMM. Within a warpgroup the exponentials of P^T run
+// while the dP^T GEMM does, and dV, dK run with the dQ GEMM. dropout is not
+// here (launch.cu runs the sm80 kernel).
+//
+// Deterministic mode: as the sm80 kernel, a turn counter per (head, query
+// block); the issuing thread waits its turn, adds, waits for the bulk
+// reduction to complete and releases the next key block.
+//
+// Template parameters: the head dim D (a row of traits.h FC_SM90_BWD_TILES),
+// the dtype T, kCausal. Everything else is a field of bwd_params.h.
+#ifndef FLASHC_CUDA_SM90_BWD_KERNEL_CUH
+#define FLASHC_CUDA_SM90_BWD_KERNEL_CUH
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+
+#include "../bwd_params.h"
+#include "../common/fwd_tile.cuh"
+#include "../common/mask.cuh"
+#include "../common/ptx.cuh"
+#include "../common/wgmma.cuh"
+#include "../traits.h"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "the sm90 kernels use wgmma: compile them for sm_90a only"
+#endif
+
+// Byte offset of fp32 element (r, c) in a row-major tile of D columns whose
+// 16-byte chunks are swizzled by row (the dQ tile and dq_accum).
+template <int D>
+__device__ __forceinline__ uint32_t fc_dq_swz_offset(int r, int c) {
+    return (uint32_t)(r * D * 4 + ((((c >> 2) ^ (r & 7))) << 4) + (c & 3) * 4);
+}
+
+// ---- the kernel ----
+// grid (ceil(max_seqlen_k / 128), Hk, B), block 256, dynamic smem kSmemBytes.
+template <int D, typename T, bool kCausal>
+__global__ void __launch_bounds__(256, 1)
+    sm90_bwd_kernel(const __grid_constant__ fc_cuda_bwd_params p) {
+    using Tr = fc_sm90_bwd_traits<D>;
+    constexpr int Br = Tr::kBr, Bc = Tr::kBc, NTH = Tr::kThreads, CH = Tr::kChunks;
+    constexpr int QS = Tr::kQStages, MW = Tr::kMW, DQN = Tr::kDQN;
+    constexpr int NT = Br / 8;   // 8-query tiles of S^T per row
+    constexpr int DT = D / 8;    // 8-column tiles of dK, dV per row
+    constexpr int QT = DQN / 8;  // 8-column tiles of this warpgroup's dQ
+    constexpr int KS = D / 16;   // k16 steps of S^T, dP^T
+    constexpr int PK = Br / 16;  // k16 steps of dV, dK
+    constexpr int QK = Bc / 16;  // k16 steps of dQ
+    const fc_cuda_fwd_params &f = p.f;
+
+    extern __shared__ unsigned char fc_smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2;
+    const int g = lane >> 2, t = lane & 3;
+    const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    const int G = f.kv_group;
+
+    // ---- this sequence and key block ----
+    const int64_t q_tok0 = f.cu_seqlens_q ? f.cu_seqlens_q[b] : 0;
+    const int sq = f.cu_seqlens_q ? f.cu_seqlens_q[b + 1] - (int)q_tok0 : f.seqlen_q;
+    const int64_t k_tok0 = f.cu_seqlens_k ? f.cu_seqlens_k[b] : 0;
+    const int sk = f.cu_seqlens_k ? f.cu_seqlens_k[b + 1] - (int)k_tok0 : f.seqlen_k;
+    const int j0 = n_block * Bc;
+    if (j0 >= sk) return;
+    const int kv_rows = min(Bc, sk - j0);
+    const fc_mask<kCausal> mask(sq, sk, f.window_left, f.window_right);
+
+    // query blocks that may see this key block (as the sm80 kernel: widened
+    // by one block each way, the exact test is tiles())
+    const int m_count = (sq + Br - 1) / Br;
+    int m_lo = 0, m_hi = m_count;
+    if (kCausal || f.window_right >= 0) {
+        const int right = kCausal ? 0 : f.window_right;
+        m_lo = max(0, (j0 - (sk - sq) - right) / Br - 1);
+    }
+    if (f.window_left >= 0)
+        m_hi = min(m_count, max(0, (j0 + Bc - 1 - (sk - sq) + f.window_left) / Br + 2));
+    const int m_span = m_hi > m_lo ? m_hi - m_lo : 0;
+    const int n_iters = G * m_span;
+
+    // ---- shared memory (1024-aligned) ----
+    const uint32_t sK = (fc_smem_u32(fc_smem) + 1023u) & ~1023u;  // [Bc][D]
+    const uint32_t sV = sK + Tr::kKVBytes;                          // [Bc][D]
+    const uint32_t sQ = sV + Tr::kKVBytes;                          // [QS][Br][D]
+    const uint32_t sdO = sQ + QS * Tr::kQBytes;                     // [QS][Br][D]
+    const uint32_t sdS = sdO + QS * Tr::kQBytes;                    // [Bc][Br]
+    const uint32_t sdQ = sdS + Tr::kDSBytes;                        // [Br][D] f32
+    const uint32_t sLse = sdQ + Tr::kDQBytes;                       // [QS][Br] f32
+    const uint32_t sDelta = sLse + QS * Br * 4;                     // [QS][Br] f32
+
+    using Ld = fc_tile_loader<T, NTH, CH>;
+    static_assert(Ld::RPP % 8 == 0, "loader rows must keep the swizzle phase");
+    constexpr uint32_t LD_STEP = Ld::RPP * 128;
+    const T *q = static_cast<const T *>(f.q);
+    const T *dout = static_cast<const T *>(p.dout);
+
+    // ---- K, V once ----
+    {
+        const Ld ld(tid, f.head_dim, Bc, sk);
+        fc_kv_rows kv = {};
+        kv.k_base = k_tok0 * f.k_s_seq + (f.cu_seqlens_k ? 0 : (int64_t)b * f.k_s_batch) +
+                    (int64_t)hk * f.k_s_head;
+        kv.v_base = k_tok0 * f.v_s_seq + (f.cu_seqlens_k ? 0 : (int64_t)b * f.v_s_batch) +
+                    (int64_t)hk * f.v_s_head;
+        const uint32_t dst = fc_sw128_offset(Bc, ld.row, ld.ch);
+        ld.template load_kv<Bc>(sK + dst, LD_STEP, static_cast<const T *>(f.k), kv.k_base, 0,
+                                f.k_s_seq, j0, kv);
+        ld.template load_kv<Bc>(sV + dst, LD_STEP, static_cast<const T *>(f.v), kv.v_base, 0,
+                                f.v_s_seq, j0, kv);
+    }
+
+    auto iter_hm = [&](int it, int *h, int *m) {
+        *h = hk * G + it / m_span;
+        *m = m_lo + it % m_span;
+    };
+    // Q, dO, lse2, delta of iteration `it` into slot it % QS, one commit (empty
+    // past the last iteration: the group count per iteration stays fixed)
+    auto load_q = [&](int it) {
+        if (it < n_iters) {
+            int h, m;
+            iter_hm(it, &h, &m);
+            const int m0 = m * Br, rows = min(Br, sq - m0);
+            const Ld ld(tid, f.head_dim, rows, sk);
+            const uint32_t slot = (uint32_t)(it % QS);
+            const uint32_t dst = fc_sw128_offset(Br, ld.row, ld.ch);
+            const int64_t tok = q_tok0 + m0;
+            const int64_t qb = (f.cu_seqlens_q ? 0 : (int64_t)b * f.q_s_batch) + tok * f.q_s_seq +
+                               (int64_t)h * f.q_s_head;
+            const int64_t db = (f.cu_seqlens_q ? 0 : (int64_t)b * p.do_s_batch) +
+                               tok * p.do_s_seq + (int64_t)h * p.do_s_head;
+            ld.template load_q<Br>(sQ + slot * Tr::kQBytes + dst, LD_STEP, q, qb, f.q_s_seq);
+            ld.template load_q<Br>(sdO + slot * Tr::kQBytes + dst, LD_STEP, dout, db, p.do_s_seq);
+            const int64_t srow = (int64_t)h * p.rows + fc_bwd_row0(p, b) + m0;
+            for (int r = tid; r < Br; r += NTH) {
+                fc_cp_async_4(sLse + (slot * Br + r) * 4, p.lse2 + srow + r);
+                fc_cp_async_4(sDelta + (slot * Br + r) * 4, p.delta + srow + r);
+            }
+        }
+        fc_cp_async_commit();
+    };
+    load_q(0);  // with K, V: group 0
+#pragma unroll
+    for (int s = 1; s < QS; ++s) load_q(s);
+
+    // ---- wgmma descriptors (wgmma.cuh layouts) ----
+    // S^T, dP^T: A = this warpgroup's 64 rows of K / V (K-major), B = Q / dO (K-major)
+    const uint64_t k_desc = fc_wgmma_desc(sK + wg * 64 * 128, 16, 1024);
+    const uint64_t v_desc = fc_wgmma_desc(sV + wg * 64 * 128, 16, 1024);
+    // dQ: A = dS^T's query block wg % MW, B = K's column blocks of part wg / MW (both MN-major)
+    const uint64_t ds_desc = fc_wgmma_desc(sdS + (wg % MW) * Bc * 128, Bc * 128, 1024);
+    const uint64_t kt_desc = fc_wgmma_desc(sK + (wg / MW) * (DQN / 64) * Bc * 128, Bc * 128, 1024);
+
+    float acc_dk[DT][4], acc_dv[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_dk[dt][e] = acc_dv[dt][e] = 0.0f;
+    float(&dk_regs)[D / 2] = *reinterpret_cast<float(*)[D / 2]>(&acc_dk[0][0]);
+    float(&dv_regs)[D / 2] = *reinterpret_cast<float(*)[D / 2]>(&acc_dv[0][0]);
+
+    const int kr = wg * 64 + (warp & 3) * 16 + g;  // key row (in the block) of element 0
+    const int qr = (wg % MW) * 64 + (warp & 3) * 16 + g;  // dQ: query row of element 0
+    const int qc = (wg / MW) * DQN + 2 * t;               // dQ: column of element 0
+
+    // The dQ tile of a visiting iteration waits in sdQ for the next
+    // iteration's first barrier; then thread 0 adds it to dq_accum (waiting
+    // its turn in deterministic mode) and every thread reuses its Q / dO slot.
+    int64_t dq_row = -1;  // scratch row of the waiting tile, or -1
+    int dq_turn = 0;      // its turn: the visiting key blocks before this one
+    auto retire = [&](int it) {
+        if (tid == 0 && dq_row >= 0) {
+            int32_t *sem = p.sem ? p.sem + dq_row / p.sem_br : nullptr;  // rows % sem_br == 0
+            if (p.deterministic)
+                while (fc_ld_acquire(sem) != dq_turn) {
+                }
+            fc_bulk_reduce_add_f32(p.dq_accum + dq_row * D, sdQ, Tr::kDQBytes);
+            fc_bulk_commit();
+            if (p.deterministic) {
+                fc_bulk_wait_done<0>();
+                __threadfence();
+                atomicAdd(sem, 1);
+            }
+        }
+        dq_row = -1;
+        if (it >= 0) load_q(it + QS);
+    };
+
+    for (int it = 0; it < n_iters; ++it) {
+        int h, m;
+        iter_hm(it, &h, &m);
+        const int m0 = m * Br, rows = min(Br, sq - m0);
+        const uint32_t slot = (uint32_t)(it % QS);
+        const uint32_t sQs = sQ + slot * Tr::kQBytes, sdOs = sdO + slot * Tr::kQBytes;
+
+        // this iteration's Q, dO, lse2, delta (and K, V at it = 0) have landed
+        // and are visible to wgmma; the last iteration's dQ tile is complete
+        // and its slot is free
+        static_assert(QS == 2, "one load in flight while a slot computes");
+        fc_cp_async_wait<0>();
+        fc_fence_proxy_async();
+        __syncthreads();
+        if (it > 0) retire(it - 1);
+
+        int n_lo, n_hi;
+        const bool visits = mask.template tiles<Bc>(m0, m0 + rows - 1, &n_lo, &n_hi) &&
+                            n_block >= n_lo && n_block < n_hi;
+        if (!visits) continue;
+
+        // ---- S^T = K Q^T, dP^T = V dO^T ----
+        float acc_s[NT][4], acc_dp[NT][4];
+        float(&s_regs)[Br / 2] = *reinterpret_cast<float(*)[Br / 2]>(&acc_s[0][0]);
+        float(&dp_regs)[Br / 2] = *reinterpret_cast<float(*)[Br / 2]>(&acc_dp[0][0]);
+        {
+            const uint64_t q_desc = fc_wgmma_desc(sQs, 16, 1024);
+            const uint64_t do_desc = fc_wgmma_desc(sdOs, 16, 1024);
+            fc_wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks) {
+                const uint32_t ka = (ks / 4) * Bc * 128 + (ks % 4) * 32;
+                const uint32_t kb = (ks / 4) * Br * 128 + (ks % 4) * 32;
+                fc_wgmma_ss<Br, T>(s_regs, fc_wgmma_desc_add(k_desc, ka),
+                                   fc_wgmma_desc_add(q_desc, kb), ks > 0);
+            }
+            fc_wgmma_commit();
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks) {
+                const uint32_t ka = (ks / 4) * Bc * 128 + (ks % 4) * 32;
+                const uint32_t kb = (ks / 4) * Br * 128 + (ks % 4) * 32;
+                fc_wgmma_ss<Br, T>(dp_regs, fc_wgmma_desc_add(v_desc, ka),
+                                   fc_wgmma_desc_add(do_desc, kb), ks > 0);
+            }
+            fc_wgmma_commit();
+        }
+
+        // ---- P^T, dS^T elementwise (rows: keys, columns: queries) ----
+        // P^T runs while the dP^T GEMM does; with softcap dS^T needs the
+        // tanh's derivative too, so both wait for dP^T and run in one pass.
+        uint32_t p_frag[PK][4], ds_frag[PK][4];
+        {
+            const bool partial = mask.template tile_partial<Bc>(m0, m0 + rows - 1, j0);
+            const float slope_x =
+                f.alibi ? f.alibi[(int64_t)b * f.alibi_s_batch + h] * f.alibi_scale : 0.0f;
+            const bool cap = f.softcap_pre != 0.0f;
+            // P^T into acc_s; with `ds` also dS^T into acc_dp
+            auto probs = [&](bool ds) {
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const int c = 8 * nt + 2 * t;  // tile column (query) of element pair 0
+                    const float2 l2 = fc_ld_shared_v2f(sLse + (slot * Br + c) * 4);
+                    const float2 dl = fc_ld_shared_v2f(sDelta + (slot * Br + c) * 4);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int i = m0 + c + (e & 1);        // query row in the sequence
+                        const int j = j0 + kr + 8 * (e >> 1);  // key
+                        float x = acc_s[nt][e], dt = 1.0f;
+                        if (cap) {
+                            x = fc_softcap1(x, f.softcap_pre);
+                            dt = 1.0f - x * x;
+                        }
+                        if (f.alibi) x = fmaf(-slope_x, fabsf((float)(mask.diag(i) - j)), x);
+                        float pr = fc_exp2(fmaf(x, f.score_scale_log2, -((e & 1) ? l2.y : l2.x)));
+                        if (partial && (j < mask.lo(i) || j >= mask.hi(i))) pr = 0.0f;
+                        acc_s[nt][e] = pr;
+                        if (ds) acc_dp[nt][e] = pr * (acc_dp[nt][e] - ((e & 1) ? dl.y : dl.x)) * dt;
+                    }
+                }
+            };
+            if (cap) {
+                fc_wgmma_wait<0>();
+                fc_reg_fence(s_regs);
+                fc_reg_fence(dp_regs);
+                probs(true);
+            } else {
+                fc_wgmma_wait<1>();  // S^T done; dP^T may still run
+                fc_reg_fence(s_regs);
+                probs(false);
+                fc_wgmma_wait<0>();
+                fc_reg_fence(dp_regs);
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const float2 dl = fc_ld_shared_v2f(sDelta + (slot * Br + 8 * nt + 2 * t) * 4);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        acc_dp[nt][e] = acc_s[nt][e] * (acc_dp[nt][e] - ((e & 1) ? dl.y : dl.x));
+                }
+            }
+            // the C fragments of 8-column tiles 2kk, 2kk + 1 are the A fragment of k16 slice kk
+#pragma unroll
+            for (int kk = 0; kk < PK; ++kk) {
+                p_frag[kk][0] = fc_pack2<T>(acc_s[2 * kk][0], acc_s[2 * kk][1]);
+                p_frag[kk][1] = fc_pack2<T>(acc_s[2 * kk][2], acc_s[2 * kk][3]);
+                p_frag[kk][2] = fc_pack2<T>(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
+                p_frag[kk][3] = fc_pack2<T>(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
+                ds_frag[kk][0] = fc_pack2<T>(acc_dp[2 * kk][0], acc_dp[2 * kk][1]);
+                ds_frag[kk][1] = fc_pack2<T>(acc_dp[2 * kk][2], acc_dp[2 * kk][3]);
+                ds_frag[kk][2] = fc_pack2<T>(acc_dp[2 * kk + 1][0], acc_dp[2 * kk + 1][1]);
+                ds_frag[kk][3] = fc_pack2<T>(acc_dp[2 * kk + 1][2], acc_dp[2 * kk + 1][3]);
+            }
+            // dS^T to shared memory [key][query] for the dQ GEMM
+#pragma unroll
+            for (int kk = 0; kk < PK; ++kk)
+#pragma unroll
+                for (int u = 0; u < 2; ++u)
+#pragma unroll
+                    for (int hr = 0; hr < 2; ++hr)
+                        fc_st_shared_b32(sdS + fc_sw128_offset(Bc, kr + 8 * hr, 2 * kk + u) + t * 4,
+                                         ds_frag[kk][2 * u + hr]);
+            fc_fence_proxy_async();
+        }
+
+        // ---- dV += P^T dO, dK += dS^T Q (B MN-major: k16 step kk at query row 16 kk) ----
+        {
+            const uint64_t do_t = fc_wgmma_desc(sdOs, Br * 128, 1024);
+            const uint64_t q_t = fc_wgmma_desc(sQs, Br * 128, 1024);
+            fc_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < PK; ++kk)
+                fc_wgmma_rs<D, T>(dv_regs, p_frag[kk], fc_wgmma_desc_add(do_t, kk * 16 * 128), 1);
+#pragma unroll
+            for (int kk = 0; kk < PK; ++kk)
+                fc_wgmma_rs<D, T>(dk_regs, ds_frag[kk], fc_wgmma_desc_add(q_t, kk * 16 * 128), 1);
+            fc_wgmma_commit();
+        }
+
+        // ---- dQ = dS K ----
+        // sdS is complete; the bulk reduction of the last dQ tile has read sdQ
+        if (tid == 0) fc_bulk_wait_read<0>();
+        __syncthreads();
+        float acc_q[QT][4];
+        float(&q_regs)[DQN / 2] = *reinterpret_cast<float(*)[DQN / 2]>(&acc_q[0][0]);
+        fc_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < QK; ++kk)
+            fc_wgmma_ss_mn<DQN, T>(q_regs, fc_wgmma_desc_add(ds_desc, kk * 16 * 128),
+                                   fc_wgmma_desc_add(kt_desc, kk * 16 * 128), kk > 0);
+        fc_wgmma_commit();
+        fc_wgmma_wait<0>();
+        fc_reg_fence(dk_regs);
+        fc_reg_fence(dv_regs);
+        fc_reg_fence(q_regs);
+        fc_reg_fence(p_frag);
+        fc_reg_fence(ds_frag);
+
+        // the dQ tile to shared memory, for retire()
+#pragma unroll
+        for (int qt = 0; qt < QT; ++qt)
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr)
+                fc_st_shared_v2f(sdQ + fc_dq_swz_offset<D>(qr + 8 * hr, qc + 8 * qt),
+                                 acc_q[qt][2 * hr], acc_q[qt][2 * hr + 1]);
+        fc_fence_proxy_async();
+        dq_row = (int64_t)h * p.rows + fc_bwd_row0(p, b) + m0;
+        dq_turn = n_block - n_lo;
+    }
+    __syncthreads();  // the last dQ tile is complete; every wgmma is done with sK, sV
+    retire(-1);
+    fc_cp_async_wait<0>();  // only empty groups can remain
+    if (tid == 0) fc_bulk_wait_read<0>();
+
+    // ---- epilogue: dK * scale, dV through sK / sV to 16-byte stores ----
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        const int r = kr + 8 * hr;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+            const uint32_t off = fc_sw128_offset(Bc, r, dt) + t * 4;
+            fc_st_shared_b32(sK + off, fc_pack2<T>(acc_dk[dt][2 * hr] * p.ds_scale,
+                                                   acc_dk[dt][2 * hr + 1] * p.ds_scale));
+            fc_st_shared_b32(sV + off, fc_pack2<T>(acc_dv[dt][2 * hr], acc_dv[dt][2 * hr + 1]));
+        }
+    }
+    __syncthreads();
+    T *dk = static_cast<T *>(p.dk), *dv = static_cast<T *>(p.dv);
+    const int64_t dk_base = (f.cu_seqlens_k ? 0 : (int64_t)b * p.dk_s_batch) +
+                            (k_tok0 + j0) * p.dk_s_seq + (int64_t)hk * p.dk_s_head;
+    const int64_t dv_base = (f.cu_seqlens_k ? 0 : (int64_t)b * p.dv_s_batch) +
+                            (k_tok0 + j0) * p.dv_s_seq + (int64_t)hk * p.dv_s_head;
+    for (int idx = tid; idx < Bc * CH; idx += NTH) {
+        const int r = idx / CH, ch = idx % CH;
+        if (r < kv_rows && ch * 8 < f.head_dim) {
+            fc_st_global_v4(dk + dk_base + (int64_t)r * p.dk_s_seq + ch * 8,
+                            fc_ld_shared_v4(sK + fc_sw128_offset(Bc, r, ch)));
+            fc_st_global_v4(dv + dv_base + (int64_t)r * p.dv_s_seq + ch * 8,
+                            fc_ld_shared_v4(sV + fc_sw128_offset(Bc, r, ch)));
+        }
+    }
+}
+
+// ---- the launcher of one instance (instantiated in inst/*.cu) ----
+// Sets the dynamic shared memory limit once per device, then launches on
+// `stream`. Returns the launch's cudaError_t; never synchronises.
+template <int D, typename T, bool kCausal>
+cudaError_t sm90_bwd_launch(const fc_cuda_bwd_params &p, dim3 grid, cudaStream_t stream) {
+    using Tr = fc_sm90_bwd_traits<D>;
+    static std::atomic<uint64_t> smem_set{0};  // bit d: the limit is raised on device d
+    return fc_launch_kernel(sm90_bwd_kernel<D, T, kCausal>, &smem_set, Tr::kSmemBytes,
+                            Tr::kThreads, grid, stream, p);
+}
+
+#endif  // FLASHC_CUDA_SM90_BWD_KERNEL_CUH
