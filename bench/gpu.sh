@@ -12,7 +12,7 @@
 # Full logs go to $OUT (or bench/results when OUT is unset); the short table is
 # printed last. Steps can be chosen: bench/gpu.sh build test sanitize cli bench
 # decode bwd (default: all). FAMILIES picks the kernel families tested (default
-# "auto sm80"; the backward, which has one family, is tested with the first),
+# "auto sm80"),
 # SANITIZE_FILTER and SANITIZE_TOOLS the sanitizer's cases (default "d64") and
 # tools. BWD_ARGS passes flags to the backward runs, BWD_MODES picks them
 # (default "bwd fwdbwd"). BENCH_ARGS passes flags to compare.py (DECODE_ARGS
@@ -42,13 +42,8 @@ families=${FAMILIES:-auto sm80}
 
 if has test; then
   echo "== GPU tests =="
-  first=1
   for fam in $families; do
-    # the backward cases once: their forward family is the only difference
-    filter=${TEST_FILTER:-}
-    [[ -z "$filter" && $first == 0 ]] && filter="gpu_fwd gpu_kvcache"
-    first=0
-    FLASHC_CUDA_FAMILY=$fam timeout "${TEST_TIMEOUT:-900}" ./build/flashc_gpu_tests $filter \
+    FLASHC_CUDA_FAMILY=$fam timeout "${TEST_TIMEOUT:-900}" ./build/flashc_gpu_tests ${TEST_FILTER:-} \
       > "$out/gpu_tests_$fam.log" 2>&1 || status=1
     grep -E "^not ok|FAIL" "$out/gpu_tests_$fam.log" | head -20
     echo "family $fam: $(tail -1 "$out/gpu_tests_$fam.log")"

@@ -44,7 +44,7 @@
 #include <atomic>
 
 #include "../bwd_params.h"
-#include "../common/fwd_tile.cuh"
+#include "../common/bwd_tile.cuh"
 #include "../common/mask.cuh"
 #include "../common/ptx.cuh"
 #include "../common/wgmma.cuh"
@@ -82,30 +82,12 @@ __global__ void __launch_bounds__(256, 1)
     const int wg = warp >> 2;
     const int g = lane >> 2, t = lane & 3;
     const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
-    const int G = f.kv_group;
 
-    // ---- this sequence and key block ----
-    const int64_t q_tok0 = f.cu_seqlens_q ? f.cu_seqlens_q[b] : 0;
-    const int sq = f.cu_seqlens_q ? f.cu_seqlens_q[b + 1] - (int)q_tok0 : f.seqlen_q;
-    const int64_t k_tok0 = f.cu_seqlens_k ? f.cu_seqlens_k[b] : 0;
-    const int sk = f.cu_seqlens_k ? f.cu_seqlens_k[b + 1] - (int)k_tok0 : f.seqlen_k;
-    const int j0 = n_block * Bc;
-    if (j0 >= sk) return;
-    const int kv_rows = min(Bc, sk - j0);
+    // ---- this sequence, key block and the query blocks it walks ----
+    fc_bwd_block blk = {};
+    if (!blk.template init<Br, Bc, kCausal>(p, b, n_block)) return;
+    const int sq = blk.sq, sk = blk.sk, j0 = blk.j0, n_iters = blk.n_iters;
     const fc_mask<kCausal> mask(sq, sk, f.window_left, f.window_right);
-
-    // query blocks that may see this key block (as the sm80 kernel: widened
-    // by one block each way, the exact test is tiles())
-    const int m_count = (sq + Br - 1) / Br;
-    int m_lo = 0, m_hi = m_count;
-    if (kCausal || f.window_right >= 0) {
-        const int right = kCausal ? 0 : f.window_right;
-        m_lo = max(0, (j0 - (sk - sq) - right) / Br - 1);
-    }
-    if (f.window_left >= 0)
-        m_hi = min(m_count, max(0, (j0 + Bc - 1 - (sk - sq) + f.window_left) / Br + 2));
-    const int m_span = m_hi > m_lo ? m_hi - m_lo : 0;
-    const int n_iters = G * m_span;
 
     // ---- shared memory (1024-aligned) ----
     const uint32_t sK = (fc_smem_u32(fc_smem) + 1023u) & ~1023u;  // [Bc][D]
@@ -120,52 +102,18 @@ __global__ void __launch_bounds__(256, 1)
     using Ld = fc_tile_loader<T, NTH, CH>;
     static_assert(Ld::RPP % 8 == 0, "loader rows must keep the swizzle phase");
     constexpr uint32_t LD_STEP = Ld::RPP * 128;
-    const T *q = static_cast<const T *>(f.q);
-    const T *dout = static_cast<const T *>(p.dout);
 
     // ---- K, V once ----
     {
         const Ld ld(tid, f.head_dim, Bc, sk);
-        fc_kv_rows kv = {};
-        kv.k_base = k_tok0 * f.k_s_seq + (f.cu_seqlens_k ? 0 : (int64_t)b * f.k_s_batch) +
-                    (int64_t)hk * f.k_s_head;
-        kv.v_base = k_tok0 * f.v_s_seq + (f.cu_seqlens_k ? 0 : (int64_t)b * f.v_s_batch) +
-                    (int64_t)hk * f.v_s_head;
         const uint32_t dst = fc_sw128_offset(Bc, ld.row, ld.ch);
-        ld.template load_kv<Bc>(sK + dst, LD_STEP, static_cast<const T *>(f.k), kv.k_base, 0,
-                                f.k_s_seq, j0, kv);
-        ld.template load_kv<Bc>(sV + dst, LD_STEP, static_cast<const T *>(f.v), kv.v_base, 0,
-                                f.v_s_seq, j0, kv);
+        fc_bwd_load_kv<Ld, Bc, T>(ld, p, b, hk, blk, sK + dst, sV + dst, LD_STEP);
     }
-
-    auto iter_hm = [&](int it, int *h, int *m) {
-        *h = hk * G + it / m_span;
-        *m = m_lo + it % m_span;
-    };
-    // Q, dO, lse2, delta of iteration `it` into slot it % QS, one commit (empty
-    // past the last iteration: the group count per iteration stays fixed)
+    // Q, dO, lse2, delta of iteration `it` into slot it % QS (one commit)
     auto load_q = [&](int it) {
-        if (it < n_iters) {
-            int h, m;
-            iter_hm(it, &h, &m);
-            const int m0 = m * Br, rows = min(Br, sq - m0);
-            const Ld ld(tid, f.head_dim, rows, sk);
-            const uint32_t slot = (uint32_t)(it % QS);
-            const uint32_t dst = fc_sw128_offset(Br, ld.row, ld.ch);
-            const int64_t tok = q_tok0 + m0;
-            const int64_t qb = (f.cu_seqlens_q ? 0 : (int64_t)b * f.q_s_batch) + tok * f.q_s_seq +
-                               (int64_t)h * f.q_s_head;
-            const int64_t db = (f.cu_seqlens_q ? 0 : (int64_t)b * p.do_s_batch) +
-                               tok * p.do_s_seq + (int64_t)h * p.do_s_head;
-            ld.template load_q<Br>(sQ + slot * Tr::kQBytes + dst, LD_STEP, q, qb, f.q_s_seq);
-            ld.template load_q<Br>(sdO + slot * Tr::kQBytes + dst, LD_STEP, dout, db, p.do_s_seq);
-            const int64_t srow = (int64_t)h * p.rows + fc_bwd_row0(p, b) + m0;
-            for (int r = tid; r < Br; r += NTH) {
-                fc_cp_async_4(sLse + (slot * Br + r) * 4, p.lse2 + srow + r);
-                fc_cp_async_4(sDelta + (slot * Br + r) * 4, p.delta + srow + r);
-            }
-        }
-        fc_cp_async_commit();
+        fc_bwd_load_q<Ld, Br, QS, NTH, T>(p, b, hk, blk, tid, it, sQ, sdO, Tr::kQBytes, LD_STEP,
+                                          sLse, sDelta,
+                                          [](int row, int ch) { return fc_sw128_offset(Br, row, ch); });
     };
     load_q(0);  // with K, V: group 0
 #pragma unroll
@@ -216,7 +164,7 @@ __global__ void __launch_bounds__(256, 1)
 
     for (int it = 0; it < n_iters; ++it) {
         int h, m;
-        iter_hm(it, &h, &m);
+        blk.iter_hm(f, hk, it, &h, &m);
         const int m0 = m * Br, rows = min(Br, sq - m0);
         const uint32_t slot = (uint32_t)(it % QS);
         const uint32_t sQs = sQ + slot * Tr::kQBytes, sdOs = sdO + slot * Tr::kQBytes;
@@ -399,20 +347,9 @@ __global__ void __launch_bounds__(256, 1)
         }
     }
     __syncthreads();
-    T *dk = static_cast<T *>(p.dk), *dv = static_cast<T *>(p.dv);
-    const int64_t dk_base = (f.cu_seqlens_k ? 0 : (int64_t)b * p.dk_s_batch) +
-                            (k_tok0 + j0) * p.dk_s_seq + (int64_t)hk * p.dk_s_head;
-    const int64_t dv_base = (f.cu_seqlens_k ? 0 : (int64_t)b * p.dv_s_batch) +
-                            (k_tok0 + j0) * p.dv_s_seq + (int64_t)hk * p.dv_s_head;
-    for (int idx = tid; idx < Bc * CH; idx += NTH) {
-        const int r = idx / CH, ch = idx % CH;
-        if (r < kv_rows && ch * 8 < f.head_dim) {
-            fc_st_global_v4(dk + dk_base + (int64_t)r * p.dk_s_seq + ch * 8,
-                            fc_ld_shared_v4(sK + fc_sw128_offset(Bc, r, ch)));
-            fc_st_global_v4(dv + dv_base + (int64_t)r * p.dv_s_seq + ch * 8,
-                            fc_ld_shared_v4(sV + fc_sw128_offset(Bc, r, ch)));
-        }
-    }
+    fc_bwd_store_dkdv<T, Bc, CH, NTH>(p, b, hk, blk, tid, sK, sV, [](int r, int ch) {
+        return fc_sw128_offset(Bc, r, ch);
+    });
 }
 
 // ---- the launcher of one instance (instantiated in inst/*.cu) ----

@@ -1,0 +1,141 @@
+// bwd_tile.cuh : what the backward's main kernels (sm80/bwd_kernel.cuh,
+// sm90/bwd_kernel.cuh) share around their GEMMs: the key block a CTA owns and
+// the query blocks it walks, the loads of K, V and of one query block's Q, dO,
+// lse2, delta, and the final dK, dV stores. The shared-memory layouts differ
+// (padded rows on sm80, the 128B swizzle on sm90), so every function takes the
+// thread's first shared address and the step between its rows, as
+// fc_tile_loader does, or an offset function.
+#ifndef FLASHC_CUDA_BWD_TILE_CUH
+#define FLASHC_CUDA_BWD_TILE_CUH
+
+#include "../bwd_params.h"
+#include "fwd_tile.cuh"
+#include "mask.cuh"
+#include "ptx.cuh"
+
+// ---- the key block of a CTA and its query blocks ----
+struct fc_bwd_block {
+    int64_t q_tok0, k_tok0;  // first query and key token of the sequence (varlen)
+    int sq, sk;              // its lengths
+    int j0, kv_rows;         // first key of the block, its valid rows
+    int m_lo, m_span;        // the query blocks m_lo .. m_lo + m_span - 1 it may see
+    int n_iters;             // G * m_span: (query head, query block) pairs walked
+
+    // False when key block n_block lies past sequence b's keys. The query
+    // blocks come from the window edges, widened by one block each way (the
+    // exact test, fc_mask::tiles, runs per iteration: both sides of the
+    // deterministic turn order agree on which CTAs visit a query block).
+    template <int Br, int Bc, bool kCausal>
+    __device__ __forceinline__ bool init(const fc_cuda_bwd_params &p, int b, int n_block) {
+        const fc_cuda_fwd_params &f = p.f;
+        q_tok0 = f.cu_seqlens_q ? f.cu_seqlens_q[b] : 0;
+        sq = f.cu_seqlens_q ? f.cu_seqlens_q[b + 1] - (int)q_tok0 : f.seqlen_q;
+        k_tok0 = f.cu_seqlens_k ? f.cu_seqlens_k[b] : 0;
+        sk = f.cu_seqlens_k ? f.cu_seqlens_k[b + 1] - (int)k_tok0 : f.seqlen_k;
+        j0 = n_block * Bc;
+        if (j0 >= sk) return false;
+        kv_rows = min(Bc, sk - j0);
+        const int m_count = (sq + Br - 1) / Br;
+        m_lo = 0;
+        int m_hi = m_count;
+        if (kCausal || f.window_right >= 0) {
+            const int right = kCausal ? 0 : f.window_right;
+            const int i_lo = j0 - (sk - sq) - right;  // first row whose hi() passes j0
+            m_lo = max(0, i_lo / Br - 1);
+        }
+        if (f.window_left >= 0) {
+            const int i_hi = j0 + Bc - 1 - (sk - sq) + f.window_left;  // last row whose lo() <= the block
+            m_hi = min(m_count, max(0, i_hi / Br + 2));
+        }
+        m_span = m_hi > m_lo ? m_hi - m_lo : 0;
+        n_iters = f.kv_group * m_span;
+        return true;
+    }
+
+    // The query head and block of iteration `it` of KV head hk's CTA.
+    __device__ __forceinline__ void iter_hm(const fc_cuda_fwd_params &f, int hk, int it, int *h,
+                                            int *m) const {
+        *h = hk * f.kv_group + it / m_span;
+        *m = m_lo + it % m_span;
+    }
+};
+
+// K and V rows j0 .. j0 + Bc - 1 of KV head hk (zero past the sequence's keys)
+// to the thread's addresses k_dst, v_dst and rows `step` bytes apart.
+template <class Ld, int Bc, typename T>
+__device__ __forceinline__ void fc_bwd_load_kv(const Ld &ld, const fc_cuda_bwd_params &p, int b,
+                                               int hk, const fc_bwd_block &blk, uint32_t k_dst,
+                                               uint32_t v_dst, uint32_t step) {
+    const fc_cuda_fwd_params &f = p.f;
+    fc_kv_rows kv = {};
+    kv.k_base = blk.k_tok0 * f.k_s_seq + (f.cu_seqlens_k ? 0 : (int64_t)b * f.k_s_batch) +
+                (int64_t)hk * f.k_s_head;
+    kv.v_base = blk.k_tok0 * f.v_s_seq + (f.cu_seqlens_k ? 0 : (int64_t)b * f.v_s_batch) +
+                (int64_t)hk * f.v_s_head;
+    ld.template load_kv<Bc>(k_dst, step, static_cast<const T *>(f.k), kv.k_base, 0, f.k_s_seq,
+                            blk.j0, kv);
+    ld.template load_kv<Bc>(v_dst, step, static_cast<const T *>(f.v), kv.v_base, 0, f.v_s_seq,
+                            blk.j0, kv);
+}
+
+// Iteration `it`'s query block (Q and dO rows of its head, zero past the
+// sequence's rows; lse2 and delta) into ring slot it % QS: Q at sQ + slot *
+// q_bytes + dst(row, ch) for the thread's first row and chunk, rows `step`
+// bytes apart, dO likewise at sdO, lse2 and delta to the fp32 arrays sLse,
+// sDelta [QS][Br]. One cp.async commit, empty past the last iteration (the
+// group count per iteration stays fixed).
+template <class Ld, int Br, int QS, int NTH, typename T, class Dst>
+__device__ __forceinline__ void fc_bwd_load_q(const fc_cuda_bwd_params &p, int b, int hk,
+                                              const fc_bwd_block &blk, int tid, int it,
+                                              uint32_t sQ, uint32_t sdO, uint32_t q_bytes,
+                                              uint32_t step, uint32_t sLse, uint32_t sDelta,
+                                              Dst dst) {
+    if (it < blk.n_iters) {
+        const fc_cuda_fwd_params &f = p.f;
+        int h, m;
+        blk.iter_hm(f, hk, it, &h, &m);
+        const int m0 = m * Br;
+        const Ld ld(tid, f.head_dim, min(Br, blk.sq - m0), blk.sk);
+        const uint32_t slot = (uint32_t)(it % QS), off = slot * q_bytes + dst(ld.row, ld.ch);
+        const int64_t tok = blk.q_tok0 + m0;
+        const int64_t qb = (f.cu_seqlens_q ? 0 : (int64_t)b * f.q_s_batch) + tok * f.q_s_seq +
+                           (int64_t)h * f.q_s_head;
+        const int64_t db = (f.cu_seqlens_q ? 0 : (int64_t)b * p.do_s_batch) + tok * p.do_s_seq +
+                           (int64_t)h * p.do_s_head;
+        ld.template load_q<Br>(sQ + off, step, static_cast<const T *>(f.q), qb, f.q_s_seq);
+        ld.template load_q<Br>(sdO + off, step, static_cast<const T *>(p.dout), db, p.do_s_seq);
+        const int64_t srow = (int64_t)h * p.rows + fc_bwd_row0(p, b) + m0;
+        for (int r = tid; r < Br; r += NTH) {
+            fc_cp_async_4(sLse + (slot * Br + r) * 4, p.lse2 + srow + r);
+            fc_cp_async_4(sDelta + (slot * Br + r) * 4, p.delta + srow + r);
+        }
+    }
+    fc_cp_async_commit();
+}
+
+// dK and dV of the block, already in shared memory at sK + off(r, ch) and
+// sV + off(r, ch) (16-byte chunk ch of row r, 16-bit), to the caller's rows
+// with 16-byte stores; rows past the sequence and chunks past head_dim are
+// left out. The CTA's NTH threads share the rows.
+template <typename T, int Bc, int CH, int NTH, class Off>
+__device__ __forceinline__ void fc_bwd_store_dkdv(const fc_cuda_bwd_params &p, int b, int hk,
+                                                  const fc_bwd_block &blk, int tid, uint32_t sK,
+                                                  uint32_t sV, Off off) {
+    const fc_cuda_fwd_params &f = p.f;
+    T *dk = static_cast<T *>(p.dk), *dv = static_cast<T *>(p.dv);
+    const int64_t dk_base = (f.cu_seqlens_k ? 0 : (int64_t)b * p.dk_s_batch) +
+                            (blk.k_tok0 + blk.j0) * p.dk_s_seq + (int64_t)hk * p.dk_s_head;
+    const int64_t dv_base = (f.cu_seqlens_k ? 0 : (int64_t)b * p.dv_s_batch) +
+                            (blk.k_tok0 + blk.j0) * p.dv_s_seq + (int64_t)hk * p.dv_s_head;
+    for (int idx = tid; idx < Bc * CH; idx += NTH) {
+        const int r = idx / CH, ch = idx % CH;
+        if (r < blk.kv_rows && ch * 8 < f.head_dim) {
+            fc_st_global_v4(dk + dk_base + (int64_t)r * p.dk_s_seq + ch * 8,
+                            fc_ld_shared_v4(sK + off(r, ch)));
+            fc_st_global_v4(dv + dv_base + (int64_t)r * p.dv_s_seq + ch * 8,
+                            fc_ld_shared_v4(sV + off(r, ch)));
+        }
+    }
+}
+
+#endif  // FLASHC_CUDA_BWD_TILE_CUH
