@@ -15,12 +15,18 @@ src/cuda/common/wgmma_ops.cuh
                                                     of the warp's 16 rows), B
                                                     MN-major (transposed)
 
-and, for the backward's table FC_SM90_BWD_TILES (rows D, Br: S^T = K Q^T has
-N = Br, dV and dK N = D, dQ N = D * Br / 128, the warpgroup's share):
+and, for the backward's table FC_SM90_BWD_TILES (rows D, Br, Bc, stages; per
+warpgroup S^T = K Q^T has N = Br (Bc = 128) or Br / 2 (Bc = 64), dV and dK
+N = D from registers (Bc = 128) or D / 2 from shared memory (Bc = 64), dQ
+N = D * Br / 128):
 
     fc_wgmma_ss_mn<N, T>(d, desc_a, desc_b, scale_d) A, B from shared memory,
                                                     both MN-major (dQ = dS K
                                                     from dS^T and K as stored)
+    fc_wgmma_ss_bmn<N, T>(d, desc_a, desc_b, scale_d) A K-major, B MN-major,
+                                                    both from shared memory
+                                                    (dV = P^T dO, dK = dS^T Q
+                                                    with P^T, dS^T stored)
 
 d += A B when scale_d != 0, d = A B when scale_d == 0. The output starts
 "generated; do not edit". Run from anywhere:
@@ -56,15 +62,22 @@ def widths():
 
 
 def bwd_widths():
-    """(N of ss and rs, N of ss_mn) the backward's table needs."""
+    """(N of ss and rs, N of ss_mn, N of ss_bmn) the backward's table needs."""
     text = TRAITS.read_text()
     m = re.search(r"#define FC_SM90_BWD_TILES\(X\)(.*?)\n#endif", text, re.S)
     if not m:
         sys.exit(f"{TRAITS}: FC_SM90_BWD_TILES(X) not found")
-    rows = [(int(d), int(br)) for d, br in re.findall(r"X\(\s*(\d+)\s*,\s*(\d+)\s*\)", m.group(1))]
+    rows = [tuple(int(v) for v in r) for r in
+            re.findall(r"X\(\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\)", m.group(1))]
     if not rows:
         sys.exit(f"{TRAITS}: FC_SM90_BWD_TILES(X) has no rows")
-    return {n for d, br in rows for n in (d, br)}, {d * br // 128 for d, br in rows}
+    ns, ns_mn, ns_bmn = set(), set(), set()
+    for d, br, bc in rows:
+        split = bc == 64  # the warpgroups split S^T by queries, dK and dV by columns
+        ns.add(br // 2 if split else br)
+        (ns_bmn if split else ns).add(d // 2 if split else d)
+        ns_mn.add(d * br // 128)
+    return ns, ns_mn, ns_bmn
 
 
 def regs(n, first=0):
@@ -101,7 +114,7 @@ def rs(n, ptx, ty):
         f'        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));\n}}\n\n')
 
 
-def header(ns, ns_mn):
+def header(ns, ns_mn, ns_bmn):
     out = ["// generated; do not edit. Written by tools/gen_wgmma.py from src/cuda/traits.h.\n",
            "// The wgmma.mma_async wrappers of the sm90 kernels, one per (N, dtype): see\n",
            "// tools/gen_wgmma.py for the operand conventions and wgmma.cuh for the rest.\n",
@@ -112,7 +125,9 @@ def header(ns, ns_mn):
            "template <int N, typename T>\n",
            "__device__ void fc_wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b, int scale_d);\n",
            "template <int N, typename T>\n",
-           "__device__ void fc_wgmma_ss_mn(float (&d)[N / 2], uint64_t a, uint64_t b, int scale_d);\n\n"]
+           "__device__ void fc_wgmma_ss_mn(float (&d)[N / 2], uint64_t a, uint64_t b, int scale_d);\n",
+           "template <int N, typename T>\n",
+           "__device__ void fc_wgmma_ss_bmn(float (&d)[N / 2], uint64_t a, uint64_t b, int scale_d);\n\n"]
     for n in ns:
         out.append(f"// ---- N = {n} ----\n")
         for ptx, ty in DTYPES:
@@ -120,13 +135,15 @@ def header(ns, ns_mn):
             out.append(rs(n, ptx, ty))
             if n in ns_mn:
                 out.append(ss(n, ptx, ty, "fc_wgmma_ss_mn", "1, 1"))
+            if n in ns_bmn:
+                out.append(ss(n, ptx, ty, "fc_wgmma_ss_bmn", "0, 1"))
     out.append("#endif  // FLASHC_CUDA_WGMMA_OPS_CUH\n")
     return "".join(out)
 
 
 def main():
-    ns, ns_mn = bwd_widths()
-    text = header(sorted(set(widths()) | ns | ns_mn), ns_mn)
+    ns, ns_mn, ns_bmn = bwd_widths()
+    text = header(sorted(set(widths()) | ns | ns_mn | ns_bmn), ns_mn, ns_bmn)
     if not OUT.exists() or OUT.read_text() != text:
         OUT.write_text(text)
         print(f"wrote {OUT.relative_to(ROOT)}")

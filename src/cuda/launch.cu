@@ -425,7 +425,7 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
 // kernels cannot read in place (as the forward), fc_bwd_pre_kernel (delta,
 // lse2, dq_accum zeroed; common/bwd_prep.cuh), the main kernel (one CTA per
 // (key block, kv head, sequence): sm90/bwd_kernel.cuh on compute capability
-// 9.0 for head dims 33..128 without dropout, else sm80/bwd_kernel.cuh),
+// 9.0 for head dims 33..256 without dropout, else sm80/bwd_kernel.cuh),
 // fc_bwd_dq_kernel (dq = dq_accum * scale), the copy-back of packed dk, dv.
 // With params.deterministic the main kernel's turn counters are zeroed first.
 // Scratch (bwd_params.h) comes from the workspace: lse2 and delta [H][rows],

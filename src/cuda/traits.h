@@ -239,30 +239,43 @@ struct fc_sm90_fwd_traits : fc_sm90_fwd_tile<D> {
 };
 
 // ---- the sm90 backward (sm90/bwd_kernel.cuh: wgmma, sm_90a only) ----
-// One row per head dim D: the query tile Br walked per iteration. The key tile is Bc = 128 rows, 64 per warpgroup
-// of two: S^T = K Q^T and dP^T = V dO^T put the keys on wgmma's M side, so each
-// warpgroup keeps dK, dV of its 64 keys in registers and feeds P^T, dS^T to the
-// dV, dK GEMMs from registers. dQ = dS K (Br x D) is split over the two
-// warpgroups by query rows when Br = 128, by D columns when Br = 64 (each part
-// a multiple of 64 columns). Registers per thread: dK + dV D, S^T + dP^T Br.
-// Shared memory: K, V 128 D 2 each, Q, dO stages Br D 2 each, dS^T 128 Br 2,
-// the fp32 dQ tile Br D 4 (the source of one bulk reduction), lse2 and delta
-// stages Br 4 each, + 1 KB for the 1024-byte alignment. Other head dims than
-// the rows' run zero-padded on the next row (launch.cu), as in the forward.
+// One row per head dim D: the query tile Br walked per iteration, the key tile
+// Bc a CTA of two warpgroups owns, the depth of the Q / dO ring. S^T = K Q^T
+// and dP^T = V dO^T put the keys on wgmma's M side; the key tile picks how the
+// warpgroups share the work:
+//   Bc = 128  each warpgroup owns 64 keys: it computes S^T, dP^T of its keys
+//             for all Br queries and feeds P^T, dS^T to dV += P^T dO and
+//             dK += dS^T Q from registers (N = D). Registers: dK + dV D, S^T
+//             + dP^T Br.
+//   Bc = 64   (large D, where dK, dV of 128 keys do not fit the registers) the
+//             warpgroups split S^T, dP^T by queries (N = Br / 2) and dK, dV by
+//             columns (N = D / 2); P^T and dS^T meet in shared memory, the
+//             operands of dV and dK. Registers: dK + dV D / 2, S^T + dP^T Br / 2.
+// dQ = dS K (Br x D) is split over the two warpgroups by query rows when
+// Br = 128, by D columns when Br = 64 (each part a multiple of 64 columns).
+// Shared memory: K, V Bc D 2 each, Q, dO stages Br D 2 each, dS^T (and P^T
+// when Bc = 64) Bc Br 2, the fp32 dQ tile Br D 4 (the source of one bulk
+// reduction), lse2 and delta stages Br 4 each, + 1 KB for the 1024-byte
+// alignment. With one stage the next query block loads while dQ computes;
+// with two, a whole iteration ahead. Other head dims than the rows' run
+// zero-padded on the next row (launch.cu), as in the forward.
 #ifndef FC_SM90_BWD_TILES
-//   X(D,  Br)
+//   X(D,  Br,  Bc,  Q stages)
 #define FC_SM90_BWD_TILES(X) \
-    X(64,  128)              \
-    X(128, 64)
+    X(64,  128, 128, 2)      \
+    X(128, 64,  128, 2)      \
+    X(256, 64,  64,  1)
 #endif
 
 template <int D>
 struct fc_sm90_bwd_tile;  // only the rows of the table exist
 
-#define FC_SM90_BWD_TILE_ROW_(D_, BR) \
-    template <>                       \
-    struct fc_sm90_bwd_tile<D_> {     \
-        static constexpr int kBr = BR; \
+#define FC_SM90_BWD_TILE_ROW_(D_, BR, BC, QS) \
+    template <>                               \
+    struct fc_sm90_bwd_tile<D_> {             \
+        static constexpr int kBr = BR;         \
+        static constexpr int kBc = BC;         \
+        static constexpr int kQStages = QS;    \
     };
 FC_SM90_BWD_TILES(FC_SM90_BWD_TILE_ROW_)
 #undef FC_SM90_BWD_TILE_ROW_
@@ -271,26 +284,34 @@ template <int D>
 struct fc_sm90_bwd_traits : fc_sm90_bwd_tile<D> {
     using tile = fc_sm90_bwd_tile<D>;
     static constexpr int kD = D;
-    static constexpr int kBr = tile::kBr;
-    static constexpr int kBc = 128, kThreads = 256;  // two warpgroups of 64 keys
-    static constexpr int kQStages = 2;               // the Q / dO ring (sm90/bwd_kernel.cuh)
+    static constexpr int kBr = tile::kBr, kBc = tile::kBc, kQStages = tile::kQStages;
+    static constexpr int kThreads = 256;  // two warpgroups
+    // Bc = 64: the warpgroups split S^T by queries and dK, dV by columns
+    static constexpr bool kColSplit = kBc == 64;
+    static constexpr int kSN = kColSplit ? kBr / 2 : kBr;  // S^T, dP^T columns per warpgroup
+    static constexpr int kKN = kColSplit ? D / 2 : D;      // dK, dV columns per warpgroup
     static constexpr int kChunks = D / 8;
     // dQ: warpgroup w owns query rows 64 (w % kMW) .., columns kDQN (w / kMW) ..
     static constexpr int kMW = kBr / 64, kDQN = D * kMW / 2;
     static constexpr int kKVBytes = kBc * D * 2;
     static constexpr int kQBytes = kBr * D * 2;
     static constexpr int kDSBytes = kBc * kBr * 2;
+    static constexpr int kPBytes = kColSplit ? kDSBytes : 0;
     static constexpr int kDQBytes = kBr * D * 4;
-    static constexpr int kSmemBytes =
-        1024 + 2 * kKVBytes + 2 * kQStages * kQBytes + kDSBytes + kDQBytes + 2 * kQStages * kBr * 4;
-    static constexpr int kAccRegs = D + kBr;
+    static constexpr int kSmemBytes = 1024 + 2 * kKVBytes + 2 * kQStages * kQBytes + kDSBytes +
+                                      kPBytes + kDQBytes + 2 * kQStages * kBr * 4;
+    static constexpr int kAccRegs = kKN + kSN;
 
     static_assert(D % 64 == 0 && D >= 64 && D <= 256, "head dim: a multiple of 64 up to 256");
     static_assert(kBr == 64 || kBr == 128, "Br: one or two 64-row wgmma tiles");
+    static_assert(kBc == 128 || (kBc == 64 && kBr == 64 && D % 128 == 0),
+                  "Bc: 64 keys a warpgroup, or 64 shared (Br = 64, D / 2 whole column blocks)");
+    static_assert(kQStages == 1 || kQStages == 2, "one or two Q / dO stages");
     static_assert(kBr <= kFcBwdPadRows, "Br must not exceed the scratch pad rows");
     static_assert(kDQN % 64 == 0, "each warpgroup's dQ columns: whole 64-column blocks");
     static_assert(kSmemBytes <= FC_SM90_SMEM_LIMIT, "shared memory must fit 227 KB (sm90)");
-    static_assert(kAccRegs <= 192, "accumulators leave too few of the 255 registers");
+    static_assert(kAccRegs <= 192 && kKN + kDQN / 2 <= 192,
+                  "accumulators leave too few of the 255 registers");
 };
 
 #endif  // FLASHC_CUDA_TRAITS_H

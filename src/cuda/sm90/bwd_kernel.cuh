@@ -4,17 +4,24 @@
 // arrangement (Shah et al. 2024, §3 and App. B: the S and dP GEMMs swapped so
 // the keys are wgmma's M side, dV and dK from registers, dQ reduced in bulk).
 //
-// A CTA of two warpgroups owns the key block Kj, Vj (Bc = 128 rows of one KV
-// head hk of one sequence; warpgroup w the keys 64w .. 64w + 63) and keeps dKj,
-// dVj of its keys in registers while it walks every query block Qi (Br rows)
-// of every query head of hk's group (GQA sums in place: dK, dV written once):
-//     S^T  = Kj Qi^T,  dP^T = Vj dOi^T    wgmma SS m64nBr, fp32
+// A CTA of two warpgroups owns the key block Kj, Vj (Bc rows of one KV head
+// hk of one sequence) and keeps dKj, dVj in registers while it walks every
+// query block Qi (Br rows) of every query head of hk's group (GQA sums in
+// place: dK, dV written once):
+//     S^T  = Kj Qi^T,  dP^T = Vj dOi^T    wgmma SS, fp32
 //     P^T  = exp2(x sl2 - lse2)           x, masks, softcap, ALiBi as the
 //     dS^T = P^T o (dP^T - delta) o dt    sm80 kernel (sm80/bwd_kernel.cuh)
-//     dVj += P^T dOi,  dKj += dS^T Qi      wgmma RS m64nD: the accumulator of
-//                                         S^T is the A fragment (wgmma.cuh)
+//     dVj += P^T dOi,  dKj += dS^T Qi
 //     dQi  = dS Kj                        wgmma SS m64n(D Br / 128), A = dS^T
 //                                         and B = K read MN-major from smem
+// The key tile (traits.h FC_SM90_BWD_TILES) picks the split:
+//   Bc = 128  warpgroup w owns keys 64w .. 64w + 63: S^T, dP^T m64nBr, and
+//             dV, dK wgmma RS m64nD (the accumulator of S^T is the A
+//             fragment, wgmma.cuh);
+//   Bc = 64   (D = 256) warpgroup w computes S^T, dP^T of queries
+//             w Br/2 .. (m64n(Br/2)) and owns columns w D/2 .. of dK, dV:
+//             P^T and dS^T meet in shared memory, and dV, dK are wgmma SS
+//             m64n(D/2) with A = P^T, dS^T as stored.
 // dQi goes to a shared fp32 tile and from there, by one thread, to dq_accum
 // with one bulk reduction (cp.reduce.async.bulk .add.f32: the TMA unit does
 // the adds, the warps issue no atomics). The tile's 16-byte chunks are
@@ -22,13 +29,15 @@
 // hit distinct banks; dq_accum holds the same swizzle and the dQ kernel
 // (common/bwd_prep.cuh, dq_swizzle) undoes it.
 //
-// Data movement: K, V once; Q, dO, lse2, delta through a ring of two slots
-// (cp.async, wgmma.cuh's 128B-swizzled layout): after the first barrier of
-// iteration it, the slot of it - 1 is free and takes it + 1's successor, so
-// every load has an iteration to land. dS^T goes to shared memory
-// [key][query] for the dQ GEMM. Within a warpgroup the exponentials of P^T run
-// while the dP^T GEMM does, and dV, dK run with the dQ GEMM. dropout is not
-// here (launch.cu runs the sm80 kernel).
+// Data movement: K, V once; Q, dO, lse2, delta through a ring of one or two
+// slots (cp.async, wgmma.cuh's 128B-swizzled layout). Two: after the first
+// barrier of iteration it, the slot of it - 1 is free and takes it + 1's
+// successor, so every load has an iteration to land. One (D = 256, where two
+// do not fit): the next query block loads once dV and dK are done with the
+// slot, while dQ computes. dS^T goes to shared memory [key][query] for the dQ
+// GEMM. Within a warpgroup the exponentials of P^T run while the dP^T GEMM
+// does, and dV, dK run with the dQ GEMM. dropout is not here (launch.cu runs
+// the sm80 kernel).
 //
 // Deterministic mode: as the sm80 kernel, a turn counter per (head, query
 // block); the issuing thread waits its turn, adds, waits for the bulk
@@ -69,8 +78,10 @@ __global__ void __launch_bounds__(256, 1)
     using Tr = fc_sm90_bwd_traits<D>;
     constexpr int Br = Tr::kBr, Bc = Tr::kBc, NTH = Tr::kThreads, CH = Tr::kChunks;
     constexpr int QS = Tr::kQStages, MW = Tr::kMW, DQN = Tr::kDQN;
-    constexpr int NT = Br / 8;   // 8-query tiles of S^T per row
-    constexpr int DT = D / 8;    // 8-column tiles of dK, dV per row
+    constexpr int SN = Tr::kSN, KN = Tr::kKN;
+    constexpr bool kSplit = Tr::kColSplit;
+    constexpr int NT = SN / 8;   // 8-query tiles of S^T per row
+    constexpr int DT = KN / 8;   // 8-column tiles of dK, dV per row
     constexpr int QT = DQN / 8;  // 8-column tiles of this warpgroup's dQ
     constexpr int KS = D / 16;   // k16 steps of S^T, dP^T
     constexpr int PK = Br / 16;  // k16 steps of dV, dK
@@ -95,7 +106,8 @@ __global__ void __launch_bounds__(256, 1)
     const uint32_t sQ = sV + Tr::kKVBytes;                          // [QS][Br][D]
     const uint32_t sdO = sQ + QS * Tr::kQBytes;                     // [QS][Br][D]
     const uint32_t sdS = sdO + QS * Tr::kQBytes;                    // [Bc][Br]
-    const uint32_t sdQ = sdS + Tr::kDSBytes;                        // [Br][D] f32
+    const uint32_t sP = sdS + Tr::kDSBytes;                         // [Bc][Br] (kSplit)
+    const uint32_t sdQ = sP + Tr::kPBytes;                          // [Br][D] f32
     const uint32_t sLse = sdQ + Tr::kDQBytes;                       // [QS][Br] f32
     const uint32_t sDelta = sLse + QS * Br * 4;                     // [QS][Br] f32
 
@@ -119,10 +131,13 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
     for (int s = 1; s < QS; ++s) load_q(s);
 
-    // ---- wgmma descriptors (wgmma.cuh layouts) ----
-    // S^T, dP^T: A = this warpgroup's 64 rows of K / V (K-major), B = Q / dO (K-major)
-    const uint64_t k_desc = fc_wgmma_desc(sK + wg * 64 * 128, 16, 1024);
-    const uint64_t v_desc = fc_wgmma_desc(sV + wg * 64 * 128, 16, 1024);
+    // ---- this warpgroup's part and wgmma descriptors (wgmma.cuh layouts) ----
+    const int k0 = kSplit ? 0 : wg * 64;   // its first key row of S^T, dP^T, dK, dV
+    const int q0 = kSplit ? wg * SN : 0;   // its first query column of S^T, dP^T
+    const int c0 = kSplit ? wg * KN : 0;   // its first column of dK, dV
+    // S^T, dP^T: A = 64 rows of K / V (K-major), B = Q / dO (K-major)
+    const uint64_t k_desc = fc_wgmma_desc(sK + k0 * 128, 16, 1024);
+    const uint64_t v_desc = fc_wgmma_desc(sV + k0 * 128, 16, 1024);
     // dQ: A = dS^T's query block wg % MW, B = K's column blocks of part wg / MW (both MN-major)
     const uint64_t ds_desc = fc_wgmma_desc(sdS + (wg % MW) * Bc * 128, Bc * 128, 1024);
     const uint64_t kt_desc = fc_wgmma_desc(sK + (wg / MW) * (DQN / 64) * Bc * 128, Bc * 128, 1024);
@@ -132,10 +147,10 @@ __global__ void __launch_bounds__(256, 1)
     for (int dt = 0; dt < DT; ++dt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc_dk[dt][e] = acc_dv[dt][e] = 0.0f;
-    float(&dk_regs)[D / 2] = *reinterpret_cast<float(*)[D / 2]>(&acc_dk[0][0]);
-    float(&dv_regs)[D / 2] = *reinterpret_cast<float(*)[D / 2]>(&acc_dv[0][0]);
+    float(&dk_regs)[KN / 2] = *reinterpret_cast<float(*)[KN / 2]>(&acc_dk[0][0]);
+    float(&dv_regs)[KN / 2] = *reinterpret_cast<float(*)[KN / 2]>(&acc_dv[0][0]);
 
-    const int kr = wg * 64 + (warp & 3) * 16 + g;  // key row (in the block) of element 0
+    const int kr = k0 + (warp & 3) * 16 + g;       // key row (in the block) of element 0
     const int qr = (wg % MW) * 64 + (warp & 3) * 16 + g;  // dQ: query row of element 0
     const int qc = (wg / MW) * DQN + 2 * t;               // dQ: column of element 0
 
@@ -159,7 +174,7 @@ __global__ void __launch_bounds__(256, 1)
             }
         }
         dq_row = -1;
-        if (it >= 0) load_q(it + QS);
+        if (QS == 2 && it >= 0) load_q(it + QS);
     };
 
     for (int it = 0; it < n_iters; ++it) {
@@ -170,9 +185,9 @@ __global__ void __launch_bounds__(256, 1)
         const uint32_t sQs = sQ + slot * Tr::kQBytes, sdOs = sdO + slot * Tr::kQBytes;
 
         // this iteration's Q, dO, lse2, delta (and K, V at it = 0) have landed
-        // and are visible to wgmma; the last iteration's dQ tile is complete
-        // and its slot is free
-        static_assert(QS == 2, "one load in flight while a slot computes");
+        // and are visible to wgmma (the only group in flight: two slots load
+        // one iteration ahead, one slot within the last iteration); the last
+        // iteration's dQ tile is complete and, with two slots, its slot is free
         fc_cp_async_wait<0>();
         fc_fence_proxy_async();
         __syncthreads();
@@ -181,21 +196,24 @@ __global__ void __launch_bounds__(256, 1)
         int n_lo, n_hi;
         const bool visits = mask.template tiles<Bc>(m0, m0 + rows - 1, &n_lo, &n_hi) &&
                             n_block >= n_lo && n_block < n_hi;
-        if (!visits) continue;
+        if (!visits) {
+            if (QS == 1) load_q(it + 1);
+            continue;
+        }
 
         // ---- S^T = K Q^T, dP^T = V dO^T ----
         float acc_s[NT][4], acc_dp[NT][4];
-        float(&s_regs)[Br / 2] = *reinterpret_cast<float(*)[Br / 2]>(&acc_s[0][0]);
-        float(&dp_regs)[Br / 2] = *reinterpret_cast<float(*)[Br / 2]>(&acc_dp[0][0]);
+        float(&s_regs)[SN / 2] = *reinterpret_cast<float(*)[SN / 2]>(&acc_s[0][0]);
+        float(&dp_regs)[SN / 2] = *reinterpret_cast<float(*)[SN / 2]>(&acc_dp[0][0]);
         {
-            const uint64_t q_desc = fc_wgmma_desc(sQs, 16, 1024);
-            const uint64_t do_desc = fc_wgmma_desc(sdOs, 16, 1024);
+            const uint64_t q_desc = fc_wgmma_desc(sQs + q0 * 128, 16, 1024);
+            const uint64_t do_desc = fc_wgmma_desc(sdOs + q0 * 128, 16, 1024);
             fc_wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < KS; ++ks) {
                 const uint32_t ka = (ks / 4) * Bc * 128 + (ks % 4) * 32;
                 const uint32_t kb = (ks / 4) * Br * 128 + (ks % 4) * 32;
-                fc_wgmma_ss<Br, T>(s_regs, fc_wgmma_desc_add(k_desc, ka),
+                fc_wgmma_ss<SN, T>(s_regs, fc_wgmma_desc_add(k_desc, ka),
                                    fc_wgmma_desc_add(q_desc, kb), ks > 0);
             }
             fc_wgmma_commit();
@@ -203,7 +221,7 @@ __global__ void __launch_bounds__(256, 1)
             for (int ks = 0; ks < KS; ++ks) {
                 const uint32_t ka = (ks / 4) * Bc * 128 + (ks % 4) * 32;
                 const uint32_t kb = (ks / 4) * Br * 128 + (ks % 4) * 32;
-                fc_wgmma_ss<Br, T>(dp_regs, fc_wgmma_desc_add(v_desc, ka),
+                fc_wgmma_ss<SN, T>(dp_regs, fc_wgmma_desc_add(v_desc, ka),
                                    fc_wgmma_desc_add(do_desc, kb), ks > 0);
             }
             fc_wgmma_commit();
@@ -222,7 +240,7 @@ __global__ void __launch_bounds__(256, 1)
             auto probs = [&](bool ds) {
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
-                    const int c = 8 * nt + 2 * t;  // tile column (query) of element pair 0
+                    const int c = q0 + 8 * nt + 2 * t;  // tile column (query) of element pair 0
                     const float2 l2 = fc_ld_shared_v2f(sLse + (slot * Br + c) * 4);
                     const float2 dl = fc_ld_shared_v2f(sDelta + (slot * Br + c) * 4);
 #pragma unroll
@@ -255,54 +273,83 @@ __global__ void __launch_bounds__(256, 1)
                 fc_reg_fence(dp_regs);
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
-                    const float2 dl = fc_ld_shared_v2f(sDelta + (slot * Br + 8 * nt + 2 * t) * 4);
+                    const float2 dl =
+                        fc_ld_shared_v2f(sDelta + (slot * Br + q0 + 8 * nt + 2 * t) * 4);
 #pragma unroll
                     for (int e = 0; e < 4; ++e)
                         acc_dp[nt][e] = acc_s[nt][e] * (acc_dp[nt][e] - ((e & 1) ? dl.y : dl.x));
                 }
             }
-            // the C fragments of 8-column tiles 2kk, 2kk + 1 are the A fragment of k16 slice kk
+            // dS^T (and with kSplit P^T) to shared memory [key][query]: the C
+            // fragment pairs of 8-query tile nt are chunk q0 / 8 + nt of their rows
 #pragma unroll
-            for (int kk = 0; kk < PK; ++kk) {
-                p_frag[kk][0] = fc_pack2<T>(acc_s[2 * kk][0], acc_s[2 * kk][1]);
-                p_frag[kk][1] = fc_pack2<T>(acc_s[2 * kk][2], acc_s[2 * kk][3]);
-                p_frag[kk][2] = fc_pack2<T>(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
-                p_frag[kk][3] = fc_pack2<T>(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
-                ds_frag[kk][0] = fc_pack2<T>(acc_dp[2 * kk][0], acc_dp[2 * kk][1]);
-                ds_frag[kk][1] = fc_pack2<T>(acc_dp[2 * kk][2], acc_dp[2 * kk][3]);
-                ds_frag[kk][2] = fc_pack2<T>(acc_dp[2 * kk + 1][0], acc_dp[2 * kk + 1][1]);
-                ds_frag[kk][3] = fc_pack2<T>(acc_dp[2 * kk + 1][2], acc_dp[2 * kk + 1][3]);
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    const uint32_t off = fc_sw128_offset(Bc, kr + 8 * hr, q0 / 8 + nt) + t * 4;
+                    fc_st_shared_b32(sdS + off, fc_pack2<T>(acc_dp[nt][2 * hr], acc_dp[nt][2 * hr + 1]));
+                    if (kSplit)
+                        fc_st_shared_b32(sP + off, fc_pack2<T>(acc_s[nt][2 * hr], acc_s[nt][2 * hr + 1]));
+                }
+            if constexpr (!kSplit) {
+                // the C fragments of 8-column tiles 2kk, 2kk + 1 are the A fragment of k16 slice kk
+#pragma unroll
+                for (int kk = 0; kk < PK; ++kk) {
+                    p_frag[kk][0] = fc_pack2<T>(acc_s[2 * kk][0], acc_s[2 * kk][1]);
+                    p_frag[kk][1] = fc_pack2<T>(acc_s[2 * kk][2], acc_s[2 * kk][3]);
+                    p_frag[kk][2] = fc_pack2<T>(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
+                    p_frag[kk][3] = fc_pack2<T>(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
+                    ds_frag[kk][0] = fc_pack2<T>(acc_dp[2 * kk][0], acc_dp[2 * kk][1]);
+                    ds_frag[kk][1] = fc_pack2<T>(acc_dp[2 * kk][2], acc_dp[2 * kk][3]);
+                    ds_frag[kk][2] = fc_pack2<T>(acc_dp[2 * kk + 1][0], acc_dp[2 * kk + 1][1]);
+                    ds_frag[kk][3] = fc_pack2<T>(acc_dp[2 * kk + 1][2], acc_dp[2 * kk + 1][3]);
+                }
             }
-            // dS^T to shared memory [key][query] for the dQ GEMM
-#pragma unroll
-            for (int kk = 0; kk < PK; ++kk)
-#pragma unroll
-                for (int u = 0; u < 2; ++u)
-#pragma unroll
-                    for (int hr = 0; hr < 2; ++hr)
-                        fc_st_shared_b32(sdS + fc_sw128_offset(Bc, kr + 8 * hr, 2 * kk + u) + t * 4,
-                                         ds_frag[kk][2 * u + hr]);
             fc_fence_proxy_async();
         }
 
         // ---- dV += P^T dO, dK += dS^T Q (B MN-major: k16 step kk at query row 16 kk) ----
+        // kSplit: both warpgroups' halves of P^T, dS^T must be stored first;
+        // the dQ GEMM below needs the whole dS^T either way, and the bulk
+        // reduction of the last dQ tile must have read sdQ.
+        auto dq_barrier = [&] {
+            if (tid == 0) fc_bulk_wait_read<0>();
+            __syncthreads();
+        };
+        if (kSplit) dq_barrier();
         {
-            const uint64_t do_t = fc_wgmma_desc(sdOs, Br * 128, 1024);
-            const uint64_t q_t = fc_wgmma_desc(sQs, Br * 128, 1024);
+            const uint64_t do_t = fc_wgmma_desc(sdOs + (c0 / 64) * Br * 128, Br * 128, 1024);
+            const uint64_t q_t = fc_wgmma_desc(sQs + (c0 / 64) * Br * 128, Br * 128, 1024);
             fc_wgmma_fence();
+            if constexpr (kSplit) {
+                // A = P^T, dS^T as stored (K-major: the queries are contiguous)
+                const uint64_t p_desc = fc_wgmma_desc(sP, 16, 1024);
+                const uint64_t dst_desc = fc_wgmma_desc(sdS, 16, 1024);
 #pragma unroll
-            for (int kk = 0; kk < PK; ++kk)
-                fc_wgmma_rs<D, T>(dv_regs, p_frag[kk], fc_wgmma_desc_add(do_t, kk * 16 * 128), 1);
+                for (int kk = 0; kk < PK; ++kk) {
+                    const uint32_t ka = (kk / 4) * Bc * 128 + (kk % 4) * 32;
+                    fc_wgmma_ss_bmn<KN, T>(dv_regs, fc_wgmma_desc_add(p_desc, ka),
+                                           fc_wgmma_desc_add(do_t, kk * 16 * 128), 1);
+                }
 #pragma unroll
-            for (int kk = 0; kk < PK; ++kk)
-                fc_wgmma_rs<D, T>(dk_regs, ds_frag[kk], fc_wgmma_desc_add(q_t, kk * 16 * 128), 1);
+                for (int kk = 0; kk < PK; ++kk) {
+                    const uint32_t ka = (kk / 4) * Bc * 128 + (kk % 4) * 32;
+                    fc_wgmma_ss_bmn<KN, T>(dk_regs, fc_wgmma_desc_add(dst_desc, ka),
+                                           fc_wgmma_desc_add(q_t, kk * 16 * 128), 1);
+                }
+            } else {
+#pragma unroll
+                for (int kk = 0; kk < PK; ++kk)
+                    fc_wgmma_rs<KN, T>(dv_regs, p_frag[kk], fc_wgmma_desc_add(do_t, kk * 16 * 128), 1);
+#pragma unroll
+                for (int kk = 0; kk < PK; ++kk)
+                    fc_wgmma_rs<KN, T>(dk_regs, ds_frag[kk], fc_wgmma_desc_add(q_t, kk * 16 * 128), 1);
+            }
             fc_wgmma_commit();
         }
 
         // ---- dQ = dS K ----
-        // sdS is complete; the bulk reduction of the last dQ tile has read sdQ
-        if (tid == 0) fc_bulk_wait_read<0>();
-        __syncthreads();
+        if (!kSplit) dq_barrier();
         float acc_q[QT][4];
         float(&q_regs)[DQN / 2] = *reinterpret_cast<float(*)[DQN / 2]>(&acc_q[0][0]);
         fc_wgmma_fence();
@@ -311,12 +358,22 @@ __global__ void __launch_bounds__(256, 1)
             fc_wgmma_ss_mn<DQN, T>(q_regs, fc_wgmma_desc_add(ds_desc, kk * 16 * 128),
                                    fc_wgmma_desc_add(kt_desc, kk * 16 * 128), kk > 0);
         fc_wgmma_commit();
+        if (QS == 1) {
+            // both warpgroups' dV, dK are done with the slot: the next query block
+            fc_wgmma_wait<1>();
+            fc_reg_fence(dk_regs);
+            fc_reg_fence(dv_regs);
+            __syncthreads();
+            load_q(it + 1);
+        }
         fc_wgmma_wait<0>();
         fc_reg_fence(dk_regs);
         fc_reg_fence(dv_regs);
         fc_reg_fence(q_regs);
-        fc_reg_fence(p_frag);
-        fc_reg_fence(ds_frag);
+        if constexpr (!kSplit) {
+            fc_reg_fence(p_frag);
+            fc_reg_fence(ds_frag);
+        }
 
         // the dQ tile to shared memory, for retire()
 #pragma unroll
@@ -340,7 +397,7 @@ __global__ void __launch_bounds__(256, 1)
         const int r = kr + 8 * hr;
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt) {
-            const uint32_t off = fc_sw128_offset(Bc, r, dt) + t * 4;
+            const uint32_t off = fc_sw128_offset(Bc, r, c0 / 8 + dt) + t * 4;
             fc_st_shared_b32(sK + off, fc_pack2<T>(acc_dk[dt][2 * hr] * p.ds_scale,
                                                    acc_dk[dt][2 * hr + 1] * p.ds_scale));
             fc_st_shared_b32(sV + off, fc_pack2<T>(acc_dv[dt][2 * hr], acc_dv[dt][2 * hr + 1]));

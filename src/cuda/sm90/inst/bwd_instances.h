@@ -40,7 +40,20 @@ extern template cudaError_t sm90_bwd_launch<128, __half, true>(const fc_cuda_bwd
 #define FC_SM90_BWD_HD_128_(X)
 #endif
 
+#ifndef FC_SM90_BWD_HD_256
+#define FC_SM90_BWD_HD_256 1
+#endif
+#if FC_SM90_BWD_HD_256
+#define FC_SM90_BWD_HD_256_(X) X(256)
+extern template cudaError_t sm90_bwd_launch<256, __nv_bfloat16, false>(const fc_cuda_bwd_params &, dim3, cudaStream_t);
+extern template cudaError_t sm90_bwd_launch<256, __nv_bfloat16, true>(const fc_cuda_bwd_params &, dim3, cudaStream_t);
+extern template cudaError_t sm90_bwd_launch<256, __half, false>(const fc_cuda_bwd_params &, dim3, cudaStream_t);
+extern template cudaError_t sm90_bwd_launch<256, __half, true>(const fc_cuda_bwd_params &, dim3, cudaStream_t);
+#else
+#define FC_SM90_BWD_HD_256_(X)
+#endif
+
 // X(D) for every compiled head dim, ascending
-#define FC_SM90_BWD_HEADDIMS(X) FC_SM90_BWD_HD_64_(X) FC_SM90_BWD_HD_128_(X)
+#define FC_SM90_BWD_HEADDIMS(X) FC_SM90_BWD_HD_64_(X) FC_SM90_BWD_HD_128_(X) FC_SM90_BWD_HD_256_(X)
 
 #endif  // FLASHC_CUDA_SM90_BWD_INSTANCES_H
