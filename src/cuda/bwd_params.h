@@ -50,7 +50,7 @@ typedef struct fc_cuda_bwd_params {
     int32_t sq_pad;   // batched: Sq rounded up to kFcBwdPadRows
     int32_t dq_pitch; // floats per dq_accum row (f.head_dim; sm90: the instance's D)
     int32_t dq_swizzle; // 1: the sm90 kernel's layout, 16-byte chunk c of the row of
-                        // query i (in its sequence) at chunk c ^ (i % 8)
+                        // query i (in its sequence) at fc_dq_chunk(c, i)
     int32_t sem_br;   // Br of the main kernel (the semaphore granularity)
 
     float ds_scale;   // d(logit)/d(q.k) without softcap: the softmax scale
@@ -59,6 +59,14 @@ typedef struct fc_cuda_bwd_params {
 } fc_cuda_bwd_params;
 
 #ifdef __CUDACC__
+// Where 16-byte chunk c of the dq_accum row of query i sits with dq_swizzle:
+// c ^ 2 (i % 4). The sm90 kernel stores its dQ tile with 8-byte stores of a
+// wgmma accumulator (lane: row g = lane / 4, columns 2 (lane % 4), +1); in each
+// half warp (the 16 lanes one 8-byte store phase serves) rows g % 4 = 0..3 and
+// the two chunks of the 8 columns then land on 8 distinct chunk positions of
+// a 128-byte line, so no two lanes share a bank.
+__device__ __forceinline__ int fc_dq_chunk(int c, int i) { return c ^ ((i & 3) << 1); }
+
 // First scratch row of sequence b.
 __device__ __forceinline__ int64_t fc_bwd_row0(const fc_cuda_bwd_params &p, int b) {
     return p.f.cu_seqlens_q ? (int64_t)p.f.cu_seqlens_q[b] + (int64_t)b * kFcBwdPadRows

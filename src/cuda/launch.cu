@@ -425,7 +425,7 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
 // kernels cannot read in place (as the forward), fc_bwd_pre_kernel (delta,
 // lse2, dq_accum zeroed; common/bwd_prep.cuh), the main kernel (one CTA per
 // (key block, kv head, sequence): sm90/bwd_kernel.cuh on compute capability
-// 9.0 for head dims 33..256 without dropout, else sm80/bwd_kernel.cuh),
+// 9.0 for head dims 33..256, else sm80/bwd_kernel.cuh),
 // fc_bwd_dq_kernel (dq = dq_accum * scale), the copy-back of packed dk, dv.
 // With params.deterministic the main kernel's turn counters are zeroed first.
 // Scratch (bwd_params.h) comes from the workspace: lse2 and delta [H][rows],
@@ -538,9 +538,9 @@ static flashc_status fc_cuda_bwd_plan_make(const fc_attn *a, fc_cuda_bwd_plan *p
                             (long long)a->batch, (long long)a->kv_heads);
     fc_cuda_device dv;
     FC_TRY(fc_cuda_device_get(&dv));
-    // sm_90a code runs on compute capability 9.0 exactly; its kernel has no dropout
+    // sm_90a code runs on compute capability 9.0 exactly
     const char *force = getenv("FLASHC_CUDA_FAMILY");
-    const bool sm90 = dv.major == 9 && dv.minor == 0 && d8 > 32 && a->dropout_p == 0.0f &&
+    const bool sm90 = dv.major == 9 && dv.minor == 0 && d8 > 32 &&
                       fc_bwd_dim(FC_FAMILY_SM90, d8) != 0 && !(force && strcmp(force, "sm80") == 0);
     pl->family = sm90 ? FC_FAMILY_SM90 : FC_FAMILY_SM80;
     pl->dim = fc_bwd_dim(pl->family, d8);

@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(kFcBwdPrepThreads)
         const int64_t base = (p.f.cu_seqlens_q ? 0 : (int64_t)b * p.dq_s_batch) +
                              tok * p.dq_s_seq + (int64_t)h * p.dq_s_head + c;
         // c is even: c and c + 1 share a 16-byte chunk, swizzled or not
-        const int sc = p.dq_swizzle ? ((((c >> 2) ^ ((i0 + r) & 7))) << 2) + (c & 3) : c;
+        const int sc = p.dq_swizzle ? (fc_dq_chunk(c >> 2, i0 + r) << 2) + (c & 3) : c;
         const float *acc = p.dq_accum + (srow0 + r) * p.dq_pitch + sc;
         if (c + 1 < p.dq_head_dim && ((uintptr_t)(dq + base) & 3) == 0) {
             *reinterpret_cast<uint32_t *>(dq + base) = fc_pack2<T>(acc[0] * p.ds_scale, acc[1] * p.ds_scale);

@@ -59,4 +59,30 @@ __device__ __forceinline__ void fc_dropout_apply(float (&p)[MT][NT][4], uint64_t
         }
 }
 
+// The keep bits of two 8-query tiles in the transposed C layout of the sm90
+// backward (keys on the rows): thread (g, t) holds keys key0 + g + 8hr (hr = 0,
+// 1; key0 % 16 == 0) of query columns i0 + 8u + 2t + e1 (u = 0, 1: the two
+// tiles; e1 = 0, 1), i0 the query row (within its sequence) of the first
+// tile's column 0. Bit 4u + 2hr + e1 of the result is set iff that element is
+// kept. A Philox call serves a (query, 8-key group), which here is one element
+// of each of the 8 lanes of a column t: lane (g', t) draws the group of query
+// i0 + 8 (g' >> 2) + 2t + (g' & 1) and keys key0 + 8 ((g' >> 1) & 1) .. + 7,
+// and each thread gathers bit g of the 8 groups of its column (8 shuffles).
+// The whole warp must call it together.
+__device__ __forceinline__ uint32_t fc_dropout_keep_t2(uint64_t seed, uint64_t offset,
+                                                       uint32_t threshold, uint32_t bh, int i0,
+                                                       int key0, int g, int t) {
+    const uint32_t i = (uint32_t)(i0 + 8 * (g >> 2) + 2 * t + (g & 1));
+    const fc_philox4 r =
+        fc_dropout_group(seed, offset, bh, i, (uint64_t)(key0 >> 3) + (uint64_t)((g >> 1) & 1));
+    uint32_t mine = 0;  // bit w: key 8 ((g >> 1) & 1) + w of the group is kept
+#pragma unroll
+    for (int w = 0; w < 8; ++w) mine |= (uint32_t)(fc_dropout_word(r, w) >= threshold) << w;
+    uint32_t keep = 0;
+#pragma unroll
+    for (int s = 0; s < 8; ++s)
+        keep |= ((__shfl_sync(0xffffffffu, mine, (s << 2) | t) >> g) & 1u) << s;
+    return keep;
+}
+
 #endif  // FLASHC_CUDA_DROPOUT_CUH

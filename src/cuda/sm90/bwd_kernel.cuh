@@ -25,19 +25,20 @@
 // dQi goes to a shared fp32 tile and from there, by one thread, to dq_accum
 // with one bulk reduction (cp.reduce.async.bulk .add.f32: the TMA unit does
 // the adds, the warps issue no atomics). The tile's 16-byte chunks are
-// XOR-swizzled by row (chunk c of row r at c ^ (r % 8)) so the fragment stores
-// hit distinct banks; dq_accum holds the same swizzle and the dQ kernel
-// (common/bwd_prep.cuh, dq_swizzle) undoes it.
+// XOR-swizzled by row (chunk c of row r at c ^ 2 (r % 4), bwd_params.h
+// fc_dq_chunk) so the fragment stores hit distinct banks; dq_accum holds the
+// same swizzle and the dQ kernel (common/bwd_prep.cuh, dq_swizzle) undoes it.
 //
 // Data movement: K, V once; Q, dO, lse2, delta through a ring of one or two
 // slots (cp.async, wgmma.cuh's 128B-swizzled layout). Two: after the first
-// barrier of iteration it, the slot of it - 1 is free and takes it + 1's
-// successor, so every load has an iteration to land. One (D = 256, where two
-// do not fit): the next query block loads once dV and dK are done with the
-// slot, while dQ computes. dS^T goes to shared memory [key][query] for the dQ
+// barrier of iteration it the slot of it - 1 is free; it takes iteration
+// it + 1's query block, issued once the S^T, dP^T GEMMs of it are (the issue
+// of 16-byte copies by every thread then delays no GEMM), so every load has
+// about an iteration to land. One (D = 256, where two do not fit): the next
+// query block loads once dV and dK are done with the slot, while dQ computes. dS^T goes to shared memory [key][query] for the dQ
 // GEMM. Within a warpgroup the exponentials of P^T run while the dP^T GEMM
-// does, and dV, dK run with the dQ GEMM. dropout is not here (launch.cu runs
-// the sm80 kernel).
+// does (and with dropout the keep bits are drawn then too), and dV, dK run
+// with the dQ GEMM.
 //
 // Deterministic mode: as the sm80 kernel, a turn counter per (head, query
 // block); the issuing thread waits its turn, adds, waits for the bulk
@@ -51,9 +52,11 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <type_traits>
 
 #include "../bwd_params.h"
 #include "../common/bwd_tile.cuh"
+#include "../common/dropout.cuh"
 #include "../common/mask.cuh"
 #include "../common/ptx.cuh"
 #include "../common/wgmma.cuh"
@@ -64,10 +67,11 @@
 #endif
 
 // Byte offset of fp32 element (r, c) in a row-major tile of D columns whose
-// 16-byte chunks are swizzled by row (the dQ tile and dq_accum).
+// 16-byte chunks are swizzled by row as dq_accum's (bwd_params.h fc_dq_chunk;
+// the tile's rows start at a query block, a multiple of 4).
 template <int D>
 __device__ __forceinline__ uint32_t fc_dq_swz_offset(int r, int c) {
-    return (uint32_t)(r * D * 4 + ((((c >> 2) ^ (r & 7))) << 4) + (c & 3) * 4);
+    return (uint32_t)(r * D * 4 + (fc_dq_chunk(c >> 2, r) << 4) + (c & 3) * 4);
 }
 
 // ---- the kernel ----
@@ -128,8 +132,6 @@ __global__ void __launch_bounds__(256, 1)
                                           [](int row, int ch) { return fc_sw128_offset(Br, row, ch); });
     };
     load_q(0);  // with K, V: group 0
-#pragma unroll
-    for (int s = 1; s < QS; ++s) load_q(s);
 
     // ---- this warpgroup's part and wgmma descriptors (wgmma.cuh layouts) ----
     const int k0 = kSplit ? 0 : wg * 64;   // its first key row of S^T, dP^T, dK, dV
@@ -156,10 +158,10 @@ __global__ void __launch_bounds__(256, 1)
 
     // The dQ tile of a visiting iteration waits in sdQ for the next
     // iteration's first barrier; then thread 0 adds it to dq_accum (waiting
-    // its turn in deterministic mode) and every thread reuses its Q / dO slot.
+    // its turn in deterministic mode).
     int64_t dq_row = -1;  // scratch row of the waiting tile, or -1
     int dq_turn = 0;      // its turn: the visiting key blocks before this one
-    auto retire = [&](int it) {
+    auto retire = [&] {
         if (tid == 0 && dq_row >= 0) {
             int32_t *sem = p.sem ? p.sem + dq_row / p.sem_br : nullptr;  // rows % sem_br == 0
             if (p.deterministic)
@@ -174,7 +176,6 @@ __global__ void __launch_bounds__(256, 1)
             }
         }
         dq_row = -1;
-        if (QS == 2 && it >= 0) load_q(it + QS);
     };
 
     for (int it = 0; it < n_iters; ++it) {
@@ -185,19 +186,19 @@ __global__ void __launch_bounds__(256, 1)
         const uint32_t sQs = sQ + slot * Tr::kQBytes, sdOs = sdO + slot * Tr::kQBytes;
 
         // this iteration's Q, dO, lse2, delta (and K, V at it = 0) have landed
-        // and are visible to wgmma (the only group in flight: two slots load
-        // one iteration ahead, one slot within the last iteration); the last
-        // iteration's dQ tile is complete and, with two slots, its slot is free
+        // and are visible to wgmma (the only group in flight, loaded during
+        // the last iteration); the last iteration's dQ tile is complete and,
+        // with two slots, the last iteration's slot is free for the next one
         fc_cp_async_wait<0>();
         fc_fence_proxy_async();
         __syncthreads();
-        if (it > 0) retire(it - 1);
+        retire();
 
         int n_lo, n_hi;
         const bool visits = mask.template tiles<Bc>(m0, m0 + rows - 1, &n_lo, &n_hi) &&
                             n_block >= n_lo && n_block < n_hi;
         if (!visits) {
-            if (QS == 1) load_q(it + 1);
+            load_q(it + 1);
             continue;
         }
 
@@ -226,6 +227,9 @@ __global__ void __launch_bounds__(256, 1)
             }
             fc_wgmma_commit();
         }
+        // two slots: the next query block into the free one, issued while the
+        // GEMMs run (one slot: once dV, dK are done with it, below)
+        if (QS == 2) load_q(it + 1);
 
         // ---- P^T, dS^T elementwise (rows: keys, columns: queries) ----
         // P^T runs while the dP^T GEMM does; with softcap dS^T needs the
@@ -235,9 +239,34 @@ __global__ void __launch_bounds__(256, 1)
             const bool partial = mask.template tile_partial<Bc>(m0, m0 + rows - 1, j0);
             const float slope_x =
                 f.alibi ? f.alibi[(int64_t)b * f.alibi_s_batch + h] * f.alibi_scale : 0.0f;
-            const bool cap = f.softcap_pre != 0.0f;
-            // P^T into acc_s; with `ds` also dS^T into acc_dp
-            auto probs = [&](bool ds) {
+            const bool cap = f.softcap_pre != 0.0f, drop = f.dropout != 0;
+            // dropout: the forward's keep bits of element (nt, e) (dropout.cuh),
+            // drawn while the dP^T GEMM runs
+            uint32_t kb[(NT + 7) / 8];
+            auto keep = [&](int nt, int e) { return (kb[nt / 8] >> ((nt % 8) * 4 + e)) & 1u; };
+            auto draw = [&] {
+                const uint32_t bh = (uint32_t)b * (uint32_t)f.heads + (uint32_t)h;
+#pragma unroll
+                for (int pr = 0; pr < NT / 2; ++pr) {
+                    const uint32_t k2 = fc_dropout_keep_t2(f.dropout_seed, f.dropout_offset,
+                                                           f.dropout_threshold, bh,
+                                                           m0 + q0 + 16 * pr, j0 + kr - g, g, t);
+                    kb[pr / 4] = (pr % 4 ? kb[pr / 4] : 0u) | k2 << (8 * (pr % 4));
+                }
+            };
+            // With dropout (k the keep bit, rs = 1 / (1 - p)): dS^T uses P^T and
+            // dP^T o k rs, and P^T becomes P^T o k rs for dV.
+            auto dropped = [&](int nt, int e, float pr, float dp, float *pd) {
+                const bool k = keep(nt, e);
+                *pd = k ? pr * f.dropout_rescale : 0.0f;
+                return k ? dp * f.dropout_rescale : 0.0f;
+            };
+            // P^T into acc_s; with `ds` also dS^T into acc_dp (and P^T with
+            // dropout applied into acc_s). kPlain: no softcap, ALiBi, element
+            // mask or dropout, the common case, kept free of branches so that
+            // its code stays short and contiguous.
+            auto probs = [&](auto plain, bool ds) {
+                constexpr bool kPlain = decltype(plain)::value;
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
                     const int c = q0 + 8 * nt + 2 * t;  // tile column (query) of element pair 0
@@ -248,37 +277,59 @@ __global__ void __launch_bounds__(256, 1)
                         const int i = m0 + c + (e & 1);        // query row in the sequence
                         const int j = j0 + kr + 8 * (e >> 1);  // key
                         float x = acc_s[nt][e], dt = 1.0f;
-                        if (cap) {
+                        if (!kPlain && cap) {
                             x = fc_softcap1(x, f.softcap_pre);
                             dt = 1.0f - x * x;
                         }
-                        if (f.alibi) x = fmaf(-slope_x, fabsf((float)(mask.diag(i) - j)), x);
+                        if (!kPlain && f.alibi)
+                            x = fmaf(-slope_x, fabsf((float)(mask.diag(i) - j)), x);
                         float pr = fc_exp2(fmaf(x, f.score_scale_log2, -((e & 1) ? l2.y : l2.x)));
-                        if (partial && (j < mask.lo(i) || j >= mask.hi(i))) pr = 0.0f;
+                        if (!kPlain && partial && (j < mask.lo(i) || j >= mask.hi(i))) pr = 0.0f;
                         acc_s[nt][e] = pr;
-                        if (ds) acc_dp[nt][e] = pr * (acc_dp[nt][e] - ((e & 1) ? dl.y : dl.x)) * dt;
+                        if (ds) {
+                            float dp = acc_dp[nt][e];
+                            if (!kPlain && drop) dp = dropped(nt, e, pr, dp, &acc_s[nt][e]);
+                            acc_dp[nt][e] = pr * (dp - ((e & 1) ? dl.y : dl.x)) * dt;
+                        }
                     }
                 }
             };
+            constexpr std::true_type kPlainPath{};
+            constexpr std::false_type kAnyPath{};
             if (cap) {
+                if (drop) draw();
                 fc_wgmma_wait<0>();
                 fc_reg_fence(s_regs);
                 fc_reg_fence(dp_regs);
-                probs(true);
+                probs(kAnyPath, true);
             } else {
                 fc_wgmma_wait<1>();  // S^T done; dP^T may still run
                 fc_reg_fence(s_regs);
-                probs(false);
+                if (partial || f.alibi)
+                    probs(kAnyPath, false);
+                else
+                    probs(kPlainPath, false);
+                if (drop) draw();
                 fc_wgmma_wait<0>();
                 fc_reg_fence(dp_regs);
+                auto dscores = [&](auto dropout) {
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    const float2 dl =
-                        fc_ld_shared_v2f(sDelta + (slot * Br + q0 + 8 * nt + 2 * t) * 4);
+                    for (int nt = 0; nt < NT; ++nt) {
+                        const float2 dl =
+                            fc_ld_shared_v2f(sDelta + (slot * Br + q0 + 8 * nt + 2 * t) * 4);
 #pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        acc_dp[nt][e] = acc_s[nt][e] * (acc_dp[nt][e] - ((e & 1) ? dl.y : dl.x));
-                }
+                        for (int e = 0; e < 4; ++e) {
+                            const float pr = acc_s[nt][e];
+                            float dp = acc_dp[nt][e];
+                            if (decltype(dropout)::value) dp = dropped(nt, e, pr, dp, &acc_s[nt][e]);
+                            acc_dp[nt][e] = pr * (dp - ((e & 1) ? dl.y : dl.x));
+                        }
+                    }
+                };
+                if (drop)
+                    dscores(std::true_type{});
+                else
+                    dscores(std::false_type{});
             }
             // dS^T (and with kSplit P^T) to shared memory [key][query]: the C
             // fragment pairs of 8-query tile nt are chunk q0 / 8 + nt of their rows
@@ -387,7 +438,7 @@ __global__ void __launch_bounds__(256, 1)
         dq_turn = n_block - n_lo;
     }
     __syncthreads();  // the last dQ tile is complete; every wgmma is done with sK, sV
-    retire(-1);
+    retire();
     fc_cp_async_wait<0>();  // only empty groups can remain
     if (tid == 0) fc_bulk_wait_read<0>();
 
