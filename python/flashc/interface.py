@@ -24,10 +24,16 @@ Where flashc differs from flash_attn on purpose:
   CPU copies with the same seed (every backend draws the same mask).
 - a backward through flash_attn_varlen_func with block_table raises FlashcError
   (the C varlen backward has no paged layout; flash_attn has no such backward either).
-- a tensor with no elements (batch 0, seqlen 0) has a NULL data pointer in torch,
-  which the library reads as an absent argument: such calls raise
-  FlashcArgumentError ("q.data is NULL") where flash_attn returns empty outputs.
+
+Tensors with no elements (batch 0, seqlen 0, total 0) have a NULL data pointer in
+torch, which the library reads as an absent argument, so this module answers those
+calls itself, as flash_attn does: without keys out = 0 and softmax_lse = +inf, the
+backward's gradients are 0, and outputs with no elements are returned as they are
+(_no_work). A KV-cache call with queries but an empty cache, or with no query but
+new keys to append, still goes to the library, which raises FlashcArgumentError
+(e.g. "k_cache.data is NULL").
 """
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -87,6 +93,22 @@ def _empty(shape, like, dtype=None):
     return torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
 
 
+def _no_work(q, k, v, batched):
+    """True if q, k, v agree in head dim, KV heads (and batch) but some of them hold
+    no elements: nothing for the library to compute. A mismatch goes on to the
+    library, which names it."""
+    if q.numel() and k.numel() and v.numel():
+        return False
+    d, hk = q.shape[-1], k.shape[-2]
+    return (d > 0 and hk > 0 and k.shape[-1] == d and v.shape == k.shape and
+            q.shape[-2] % hk == 0 and (not batched or q.shape[0] == k.shape[0]))
+
+
+def _no_keys(out, lse, probs):
+    """flash_attn's answer when no key exists: out = 0, softmax_lse = +inf."""
+    return out.zero_(), lse.fill_(math.inf), probs.zero_()
+
+
 # ---- the C entry points as ops ----
 # q: [B, Sq, H, D]  k, v: [B, Sk, Hk, D]  out: [B, Sq, H, D]  lse: [B, H, Sq] fp32
 # probs: fp32 [B, H, Sq, Sk] when return_probs, else [0]
@@ -97,6 +119,8 @@ def _fwd(q: Tensor, k: Tensor, v: Tensor, alibi_slopes: Optional[Tensor], dropou
          ) -> Tuple[Tensor, Tensor, Tensor]:
     out, lse, probs = _fwd_fake(q, k, v, alibi_slopes, dropout_p, softmax_scale, causal,
                                 window_left, window_right, softcap, return_probs, seed, offset)
+    if _no_work(q, k, v, True):
+        return _no_keys(out, lse, probs)
     args = _fill(_lib.FwdArgs, q=q, k=k, v=v, out=out, softmax_lse=lse,
                  alibi_slopes=alibi_slopes, attn_probs=probs if return_probs else None)
     _run("flashc_fwd", args, q.device, dropout_seed=seed, dropout_offset=offset,
@@ -125,6 +149,8 @@ def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlen
                                        max_seqlen_k, block_table, alibi_slopes, dropout_p,
                                        softmax_scale, causal, window_left, window_right,
                                        softcap, return_probs, seed, offset)
+    if _no_work(q, k, v, False):
+        return _no_keys(out, lse, probs)
     args = _fill(_lib.VarlenFwdArgs, q=q, k=k, v=v, out=out, cu_seqlens_q=cu_seqlens_q,
                  cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                  max_seqlen_k=max_seqlen_k, block_table=block_table, softmax_lse=lse,
@@ -150,6 +176,10 @@ def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse
          dq: Tensor, dk: Tensor, dv: Tensor, alibi_slopes: Optional[Tensor], dropout_p: float,
          softmax_scale: float, causal: bool, window_left: int, window_right: int,
          softcap: float, deterministic: bool, seed: int, offset: int) -> None:
+    if _no_work(q, k, v, True):
+        for g in (dq, dk, dv):
+            g.zero_()
+        return
     args = _fill(_lib.BwdArgs, dout=dout, q=q, k=k, v=v, out=out, softmax_lse=softmax_lse,
                  dq=dq, dk=dk, dv=dv, alibi_slopes=alibi_slopes)
     _run("flashc_bwd", args, q.device, dropout_seed=seed, dropout_offset=offset,
@@ -165,6 +195,10 @@ def _varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                 max_seqlen_k: int, alibi_slopes: Optional[Tensor], dropout_p: float,
                 softmax_scale: float, causal: bool, window_left: int, window_right: int,
                 softcap: float, deterministic: bool, seed: int, offset: int) -> None:
+    if _no_work(q, k, v, False):
+        for g in (dq, dk, dv):
+            g.zero_()
+        return
     args = _fill(_lib.VarlenBwdArgs, dout=dout, q=q, k=k, v=v, out=out,
                  softmax_lse=softmax_lse, dq=dq, dk=dk, dv=dv, cu_seqlens_q=cu_seqlens_q,
                  cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
@@ -189,6 +223,8 @@ def _fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor
                                  cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                  alibi_slopes, softmax_scale, causal, window_left,
                                  window_right, softcap, rotary_interleaved, num_splits)
+    if q.numel() == 0 and (k is None or k.numel() == 0):
+        return out, lse  # no query and nothing to append: out and lse hold no elements
     args = _fill(_lib.KvcacheArgs, q=q, k_cache=k_cache, v_cache=v_cache, k_new=k, v_new=v,
                  rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_seqlens=cache_seqlens,
                  cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,

@@ -555,6 +555,55 @@ def test_noncontiguous(device):
                   (q, k, v), dt, names="qkv")
 
 
+# ---- tensors with no elements: answered as flash_attn answers them ----
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty(device):
+    dt = torch.float16
+    # no keys: out = 0, softmax_lse = +inf, dq = 0 (dk, dv hold no elements)
+    q = rand(2, 5, 4, 16, device=device, dtype=dt, seed=90).requires_grad_()
+    k = torch.empty(2, 0, 2, 16, device=device, dtype=dt, requires_grad=True)
+    v = torch.empty(2, 0, 2, 16, device=device, dtype=dt, requires_grad=True)
+    out, lse, _ = flashc.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert out.shape == q.shape and torch.equal(out, torch.zeros_like(out))
+    assert lse.shape == (2, 4, 5) and bool(torch.isinf(lse).all()) and bool((lse > 0).all())
+    out.sum().backward()
+    assert torch.equal(q.grad, torch.zeros_like(q))
+    # no query: empty out; dk, dv = 0
+    q = torch.empty(2, 0, 4, 16, device=device, dtype=dt, requires_grad=True)
+    k = rand(2, 7, 2, 16, device=device, dtype=dt, seed=91).requires_grad_()
+    v = rand(2, 7, 2, 16, device=device, dtype=dt, seed=92).requires_grad_()
+    out = flashc.flash_attn_func(q, k, v)
+    assert out.shape == (2, 0, 4, 16)
+    out.sum().backward()
+    assert torch.equal(k.grad, torch.zeros_like(k)) and torch.equal(v.grad, torch.zeros_like(v))
+    # batch 0, packed
+    qkv = torch.empty(0, 5, 3, 4, 16, device=device, dtype=dt)
+    assert flashc.flash_attn_qkvpacked_func(qkv).shape == (0, 5, 4, 16)
+    # varlen without any key: out = 0, lse = +inf
+    q = rand(5, 4, 16, device=device, dtype=dt, seed=93).requires_grad_()
+    k = torch.empty(0, 2, 16, device=device, dtype=dt, requires_grad=True)
+    cu_q = torch.tensor([0, 2, 5], dtype=torch.int32, device=device)
+    cu_k = torch.zeros(3, dtype=torch.int32, device=device)
+    out, lse, _ = flashc.flash_attn_varlen_func(q, k, k, cu_q, cu_k, 3, 0,
+                                                return_attn_probs=True)
+    assert torch.equal(out, torch.zeros_like(out)) and lse.shape == (4, 5)
+    assert bool(torch.isinf(lse).all())
+    out.sum().backward()
+    assert torch.equal(q.grad, torch.zeros_like(q))
+    # decode with an empty batch
+    kc = torch.empty(0, 8, 2, 16, device=device, dtype=dt)
+    q = torch.empty(0, 1, 4, 16, device=device, dtype=dt)
+    out = flashc.flash_attn_with_kvcache(q, kc, kc,
+                                         cache_seqlens=torch.empty(0, dtype=torch.int32,
+                                                                   device=device))
+    assert out.shape == (0, 1, 4, 16)
+    # a mismatch still reaches the library, which names it
+    with pytest.raises(flashc.FlashcArgumentError, match=r"\.data is NULL|shape"):
+        flashc.flash_attn_func(torch.empty(2, 0, 4, 16, device=device, dtype=dt),
+                               rand(3, 7, 2, 16, device=device, dtype=dt),
+                               rand(3, 7, 2, 16, device=device, dtype=dt))
+
+
 # ---- bad input: the exception names the argument ----
 @pytest.mark.parametrize("device", DEVICES)
 def test_bad_input(device):
