@@ -36,9 +36,15 @@
  * taken the undropped P. attn_probs, a testing aid, is a second pass per tile
  * once lse is known.
  *
+ * GQA with few query rows (decode): when the query heads of one kv head fit
+ * one tile together (G * Sq <= Br), a task owns all of them: column c of the
+ * tile is row c % Sq of head h0 + c / Sq. Kj, Vj are then read and converted
+ * once for the G heads, and the GEMMs see G * Sq columns instead of Sq (a
+ * single decode row leaves a micro-kernel's columns nearly empty). Masks,
+ * ALiBi and dropout run per head on its Sq columns.
+ *
  * Not here: vector code (simd_*.c), argument checks (api.c), the KV append and
- * rotary of the decode entry (kvcache.c), split-KV, packing the query heads of
- * one kv head into one tile (GQA decode converts Kj, Vj once per query head).
+ * rotary of the decode entry (kvcache.c), split-KV.
  */
 #include <math.h>
 #include <string.h>
@@ -168,16 +174,28 @@ typedef struct fc_fwd_ctx {
 } fc_fwd_ctx;
 
 typedef struct fc_fwd_tile {
-    int64_t b, h, hk;
+    int64_t b, h, hk;         /* h: the first query head of the tile */
     int64_t sq, sk;
     int64_t i0;               /* first query row */
-    int nq;                   /* rows in the tile */
+    int nq;                   /* columns in the tile: nh heads x nqh rows */
+    int nh, nqh;              /* column c: row i0 + c % nqh of head h + c / nqh */
     int64_t diag0;            /* i0 + sk - sq: the diagonal of row i0 */
     int64_t jlo, jhi;         /* keys some row sees */
     int64_t jlo_all, jhi_all; /* keys every row sees */
     float *qt, *o, *st, *k, *v, *m, *l, *alpha, *lse2;
     uint32_t *p2; /* pairs */
 } fc_fwd_tile;
+
+/* The query head and row of column c of the tile. */
+static inline int64_t fc_fwd_col_head(const fc_fwd_tile *t, int c) { return t->h + c / t->nqh; }
+static inline int64_t fc_fwd_col_row(const fc_fwd_tile *t, int c) { return t->i0 + c % t->nqh; }
+
+/* A task owns all G query heads of a kv head of sequence b (sq rows each)
+ * when they fit one tile. */
+static int fc_fwd_packs_heads(const fc_attn *a, const fc_fwd_plan *p, int64_t sq) {
+    int64_t group = a->heads / a->kv_heads;
+    return group > 1 && sq >= 1 && group * sq <= p->Br;
+}
 
 /* Rows j0 .. j0+nk-1 of operand v (k or v) of sequence b, kv head hk, as fp32
  * rows *ld apart: the operand itself when it is fp32 with evenly spaced rows
@@ -240,23 +258,26 @@ static void fc_fwd_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
         const float *k = fc_fwd_rows(x, &a->k, t, j0, nk, t->k, &ldk);
         x->ops->gemm_nn(nk, t->nq, (int)a->head_dim, k, ldk, t->qt, p->ldq, t->st, p->ldq, 0);
     }
-    fc_score_mod mod = {
-        .cap = x->cap,
-        .slope = fc_alibi_slope(a, t->b, t->h) * x->alibi_mul,
-        .d0 = j0 - t->diag0, /* element (r, c): key j0 + r, query i0 + c */
-        .dr = 1,
-        .dc = -1,
-        .wl = edge ? a->window_left : -1,
-        .wr = edge ? a->window_right : -1,
-    };
-    if (mod.cap != 0.0f || mod.slope != 0.0f || mod.wl >= 0 || mod.wr >= 0)
-        x->ops->score_mod(nk, t->nq, t->st, p->ldq, &mod);
+    /* per head: its slope; element (r, c) of its columns: key j0 + r, query i0 + c */
+    for (int g = 0; g < t->nh; g++) {
+        fc_score_mod mod = {
+            .cap = x->cap,
+            .slope = fc_alibi_slope(a, t->b, t->h + g) * x->alibi_mul,
+            .d0 = j0 - t->diag0,
+            .dr = 1,
+            .dc = -1,
+            .wl = edge ? a->window_left : -1,
+            .wr = edge ? a->window_right : -1,
+        };
+        if (mod.cap != 0.0f || mod.slope != 0.0f || mod.wl >= 0 || mod.wr >= 0)
+            x->ops->score_mod(nk, t->nqh, t->st + (size_t)g * t->nqh, p->ldq, &mod);
+    }
 }
 
-/* Row c of the tile in attn_probs. */
+/* Column c of the tile in attn_probs. */
 static float *fc_fwd_probs_row(const fc_attn *a, const fc_fwd_tile *t, int c) {
-    return a->probs + t->b * a->probs_s_batch + t->h * a->probs_s_head +
-           (t->i0 + c) * a->probs_s_row;
+    return a->probs + t->b * a->probs_s_batch + fc_fwd_col_head(t, c) * a->probs_s_head +
+           fc_fwd_col_row(t, c) * a->probs_s_row;
 }
 
 /* attn_probs rows of the tile: exp2(s - lse2) where visible, 0 where masked,
@@ -264,7 +285,6 @@ static float *fc_fwd_probs_row(const fc_attn *a, const fc_fwd_tile *t, int c) {
 static void fc_fwd_probs(const fc_fwd_ctx *x, fc_fwd_tile *t) {
     const fc_attn *a = x->a;
     const fc_fwd_plan *p = x->plan;
-    uint32_t bh = (uint32_t)(t->b * a->heads + t->h);
     for (int64_t j0 = 0; j0 < t->sk; j0 += p->Bc) {
         int nk = (int)(t->sk - j0 < p->Bc ? t->sk - j0 : p->Bc);
         if (j0 + nk <= t->jlo || j0 >= t->jhi) {
@@ -280,9 +300,10 @@ static void fc_fwd_probs(const fc_fwd_ctx *x, fc_fwd_tile *t) {
                 float pr = 0.0f;
                 if (s[c] != -INFINITY && t->lse2[c] != -INFINITY) {
                     pr = exp2f(s[c] - t->lse2[c]);
+                    uint32_t bh = (uint32_t)(t->b * a->heads + fc_fwd_col_head(t, c));
                     if (a->dropout_p > 0.0f &&
-                        !fc_dropout_keep(a->seed, a->offset, bh, (uint32_t)(t->i0 + c), (uint64_t)j,
-                                         x->drop_thr))
+                        !fc_dropout_keep(a->seed, a->offset, bh, (uint32_t)fc_fwd_col_row(t, c),
+                                         (uint64_t)j, x->drop_thr))
                         pr = -pr;
                 }
                 fc_fwd_probs_row(a, t, c)[j] = pr;
@@ -339,24 +360,36 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
     t.b = lo;
     t.sq = fc_seqlen_q(a, t.b);
     t.sk = fc_seqlen_k(a, t.b);
-    /* within b: head by head, so that consecutive tasks share Kj, Vj in cache
-     * (the heads of one kv head are neighbours), and within a head the tiles
-     * from the last (the most keys under a causal mask) down */
-    int64_t local = task - x->task0[t.b], ntiles = (t.sq + p->Br - 1) / p->Br;
-    t.h = local / ntiles;
-    t.hk = t.h / (a->heads / a->kv_heads);
-    t.i0 = (ntiles - 1 - local % ntiles) * p->Br;
-    t.nq = (int)(t.sq - t.i0 < p->Br ? t.sq - t.i0 : p->Br);
+    int64_t local = task - x->task0[t.b], group = a->heads / a->kv_heads;
+    if (fc_fwd_packs_heads(a, p, t.sq)) {
+        /* one task per kv head: its G query heads, all rows */
+        t.hk = local;
+        t.h = t.hk * group;
+        t.i0 = 0;
+        t.nh = (int)group;
+        t.nqh = (int)t.sq;
+    } else {
+        /* within b: head by head, so that consecutive tasks share Kj, Vj in
+         * cache (the heads of one kv head are neighbours), and within a head
+         * the tiles from the last (the most keys under a causal mask) down */
+        int64_t ntiles = (t.sq + p->Br - 1) / p->Br;
+        t.h = local / ntiles;
+        t.hk = t.h / group;
+        t.i0 = (ntiles - 1 - local % ntiles) * p->Br;
+        t.nh = 1;
+        t.nqh = (int)(t.sq - t.i0 < p->Br ? t.sq - t.i0 : p->Br);
+    }
+    t.nq = t.nh * t.nqh;
     t.diag0 = t.i0 + t.sk - t.sq;
     t.jlo = t.jlo_all = 0;
     t.jhi = t.jhi_all = t.sk;
     if (a->window_left >= 0) {
-        int64_t l0 = t.diag0 - a->window_left, l1 = l0 + t.nq - 1;
+        int64_t l0 = t.diag0 - a->window_left, l1 = l0 + t.nqh - 1;
         t.jlo = l0 > 0 ? l0 : 0;
         t.jlo_all = l1 > 0 ? l1 : 0;
     }
     if (a->window_right >= 0) {
-        int64_t h0 = t.diag0 + a->window_right + 1, h1 = h0 + t.nq - 1;
+        int64_t h0 = t.diag0 + a->window_right + 1, h1 = h0 + t.nqh - 1;
         t.jhi = h1 < t.sk ? h1 : t.sk;
         t.jhi_all = h0 < t.sk ? h0 : t.sk;
     }
@@ -375,7 +408,8 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
 
     for (int c = 0; c < t.nq; c++)
         fc_fwd_prefetch_row((const char *)a->q.ptr +
-                                (fc_q_row(a, &a->q, t.b, t.i0 + c) + t.h * a->q.s_head) *
+                                (fc_q_row(a, &a->q, t.b, fc_fwd_col_row(&t, c)) +
+                                 fc_fwd_col_head(&t, c) * a->q.s_head) *
                                     (int64_t)es,
                             (size_t)D * es);
     if (t.jlo < t.jhi) {
@@ -388,15 +422,17 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
         /* Qi^T in pairs, unscaled (the GEMM applies qmul) */
         uint32_t *qt2 = (uint32_t *)t.qt;
         for (int c = 0; c < t.nq; c++) {
-            const uint16_t *q =
-                (const uint16_t *)a->q.ptr + fc_q_row(a, &a->q, t.b, t.i0 + c) + t.h * a->q.s_head;
+            const uint16_t *q = (const uint16_t *)a->q.ptr +
+                                fc_q_row(a, &a->q, t.b, fc_fwd_col_row(&t, c)) +
+                                fc_fwd_col_head(&t, c) * a->q.s_head;
             for (int d = 0; d < D; d += 2)
                 qt2[(size_t)(d / 2) * ldq + c] = q[d] | (d + 1 < D ? (uint32_t)q[d + 1] << 16 : 0u);
         }
     } else {
         /* Qi^T, scaled: rows go through Oi */
         for (int c = 0; c < t.nq; c++) {
-            int64_t off = fc_q_row(a, &a->q, t.b, t.i0 + c) + t.h * a->q.s_head;
+            int64_t off = fc_q_row(a, &a->q, t.b, fc_fwd_col_row(&t, c)) +
+                          fc_fwd_col_head(&t, c) * a->q.s_head;
             ops->load(a->dtype, D, (const char *)a->q.ptr + off * (int64_t)es,
                       t.o + (size_t)c * ldd, x->qmul);
         }
@@ -420,9 +456,10 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
         for (int c = 0; c < t.nq; c++)
             if (t.alpha[c] != 1.0f) ops->scale(D, t.o + (size_t)c * ldd, t.alpha[c]);
         if (a->dropout_p > 0.0f)
-            ops->dropout_cols(nk, t.nq, t.st, ldq, a->seed, a->offset,
-                              (uint32_t)(t.b * a->heads + t.h), (uint32_t)t.i0, j0, x->drop_thr,
-                              x->drop_scale);
+            for (int g = 0; g < t.nh; g++)
+                ops->dropout_cols(nk, t.nqh, t.st + (size_t)g * t.nqh, ldq, a->seed, a->offset,
+                                  (uint32_t)(t.b * a->heads + t.h + g), (uint32_t)t.i0, j0,
+                                  x->drop_thr, x->drop_scale);
         if (nk1 > 0) fc_fwd_prefetch(x, &a->v, &t, j1, nk1);
         if (p->dot)
             fc_fwd_pv_dot(x, &t, j0, nk);
@@ -438,10 +475,11 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
         int seen = t.l[c] > 0.0f;
         double lse2 = seen ? (double)t.m[c] + log2((double)t.l[c]) : -INFINITY;
         t.lse2[c] = (float)lse2;
-        int64_t off = fc_q_row(a, &a->out, t.b, t.i0 + c) + t.h * a->out.s_head;
+        int64_t hc = fc_fwd_col_head(&t, c), ic = fc_fwd_col_row(&t, c);
+        int64_t off = fc_q_row(a, &a->out, t.b, ic) + hc * a->out.s_head;
         ops->store(a->dtype, D, t.o + (size_t)c * ldd, (char *)a->out.ptr + off * (int64_t)es,
                    seen ? 1.0f / t.l[c] : 0.0f);
-        if (a->lse) a->lse[fc_lse_index(a, t.b, t.h, t.i0 + c)] = (float)(lse2 * x->ln2);
+        if (a->lse) a->lse[fc_lse_index(a, t.b, hc, ic)] = (float)(lse2 * x->ln2);
     }
     if (a->probs) fc_fwd_probs(x, &t);
 }
@@ -460,7 +498,8 @@ flashc_status fc_cpu_fwd(const fc_attn *a, void *ws, size_t ws_bytes) {
     task0[0] = 0;
     for (int64_t b = 0; b < a->batch; b++) {
         int64_t sq = fc_seqlen_q(a, b);
-        task0[b + 1] = task0[b] + (sq + p.Br - 1) / p.Br * a->heads;
+        task0[b + 1] = task0[b] + (fc_fwd_packs_heads(a, &p, sq) ? a->kv_heads
+                                                                 : (sq + p.Br - 1) / p.Br * a->heads);
     }
 
     const double ln2 = log(2.0), log2e = 1.0 / ln2;
