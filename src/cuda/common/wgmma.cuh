@@ -31,6 +31,7 @@
 
 #include <stdint.h>
 
+#include "ptx.cuh"
 #include "wgmma_ops.cuh"
 
 // ---- descriptors ----
@@ -45,6 +46,12 @@ __device__ __forceinline__ uint64_t fc_wgmma_desc(uint32_t saddr, uint32_t lbo, 
 // start address field cannot carry over, shared addresses being < 2^18).
 __device__ __forceinline__ uint64_t fc_wgmma_desc_add(uint64_t desc, uint32_t bytes) {
     return desc + (bytes >> 4);
+}
+
+// Byte offset of k16 step ks of a K-major operand (a tile of `rows` rows):
+// column block ks / 4, byte 32 (ks % 4) of its rows.
+__device__ __forceinline__ uint32_t fc_kmajor_step(int rows, int ks) {
+    return (uint32_t)((ks / 4) * rows * 128 + (ks % 4) * 32);
 }
 
 // Byte offset of 16-byte chunk `ch` of row `r` in a swizzled tile of `rows` rows.
@@ -84,6 +91,20 @@ __device__ __forceinline__ void fc_reg_fence(uint32_t (&r)[N][4]) {
     for (int i = 0; i < N; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
+}
+
+// The A fragments (RS wgmma, one per k16 slice kk) of an m64nN fp32
+// accumulator, rounded to T: the C fragments of 8-column tiles 2kk, 2kk + 1.
+template <typename T, int NT>
+__device__ __forceinline__ void fc_acc_to_afrag(const float (&acc)[NT][4],
+                                                uint32_t (&a)[NT / 2][4]) {
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; ++kk) {
+        a[kk][0] = fc_pack2<T>(acc[2 * kk][0], acc[2 * kk][1]);
+        a[kk][1] = fc_pack2<T>(acc[2 * kk][2], acc[2 * kk][3]);
+        a[kk][2] = fc_pack2<T>(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+        a[kk][3] = fc_pack2<T>(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+    }
 }
 
 // Make this thread's generic-proxy shared writes (cp.async included, once

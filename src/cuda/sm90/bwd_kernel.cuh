@@ -75,7 +75,7 @@ __device__ __forceinline__ uint32_t fc_dq_swz_offset(int r, int c) {
 }
 
 // ---- the kernel ----
-// grid (ceil(max_seqlen_k / 128), Hk, B), block 256, dynamic smem kSmemBytes.
+// grid (ceil(max_seqlen_k / Bc), Hk, B), block 256, dynamic smem kSmemBytes.
 template <int D, typename T, bool kCausal>
 __global__ void __launch_bounds__(256, 1)
     sm90_bwd_kernel(const __grid_constant__ fc_cuda_bwd_params p) {
@@ -207,25 +207,17 @@ __global__ void __launch_bounds__(256, 1)
         float(&s_regs)[SN / 2] = *reinterpret_cast<float(*)[SN / 2]>(&acc_s[0][0]);
         float(&dp_regs)[SN / 2] = *reinterpret_cast<float(*)[SN / 2]>(&acc_dp[0][0]);
         {
-            const uint64_t q_desc = fc_wgmma_desc(sQs + q0 * 128, 16, 1024);
-            const uint64_t do_desc = fc_wgmma_desc(sdOs + q0 * 128, 16, 1024);
+            // acc = A B^T over D (A: 64 key rows, B: SN query rows), one commit group
+            auto scores = [&](float(&acc)[SN / 2], uint64_t a, uint64_t b) {
+#pragma unroll
+                for (int ks = 0; ks < KS; ++ks)
+                    fc_wgmma_ss<SN, T>(acc, fc_wgmma_desc_add(a, fc_kmajor_step(Bc, ks)),
+                                       fc_wgmma_desc_add(b, fc_kmajor_step(Br, ks)), ks > 0);
+                fc_wgmma_commit();
+            };
             fc_wgmma_fence();
-#pragma unroll
-            for (int ks = 0; ks < KS; ++ks) {
-                const uint32_t ka = (ks / 4) * Bc * 128 + (ks % 4) * 32;
-                const uint32_t kb = (ks / 4) * Br * 128 + (ks % 4) * 32;
-                fc_wgmma_ss<SN, T>(s_regs, fc_wgmma_desc_add(k_desc, ka),
-                                   fc_wgmma_desc_add(q_desc, kb), ks > 0);
-            }
-            fc_wgmma_commit();
-#pragma unroll
-            for (int ks = 0; ks < KS; ++ks) {
-                const uint32_t ka = (ks / 4) * Bc * 128 + (ks % 4) * 32;
-                const uint32_t kb = (ks / 4) * Br * 128 + (ks % 4) * 32;
-                fc_wgmma_ss<SN, T>(dp_regs, fc_wgmma_desc_add(v_desc, ka),
-                                   fc_wgmma_desc_add(do_desc, kb), ks > 0);
-            }
-            fc_wgmma_commit();
+            scores(s_regs, k_desc, fc_wgmma_desc(sQs + q0 * 128, 16, 1024));
+            scores(dp_regs, v_desc, fc_wgmma_desc(sdOs + q0 * 128, 16, 1024));
         }
         // two slots: the next query block into the free one, issued while the
         // GEMMs run (one slot: once dV, dK are done with it, below)
@@ -343,18 +335,9 @@ __global__ void __launch_bounds__(256, 1)
                         fc_st_shared_b32(sP + off, fc_pack2<T>(acc_s[nt][2 * hr], acc_s[nt][2 * hr + 1]));
                 }
             if constexpr (!kSplit) {
-                // the C fragments of 8-column tiles 2kk, 2kk + 1 are the A fragment of k16 slice kk
-#pragma unroll
-                for (int kk = 0; kk < PK; ++kk) {
-                    p_frag[kk][0] = fc_pack2<T>(acc_s[2 * kk][0], acc_s[2 * kk][1]);
-                    p_frag[kk][1] = fc_pack2<T>(acc_s[2 * kk][2], acc_s[2 * kk][3]);
-                    p_frag[kk][2] = fc_pack2<T>(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
-                    p_frag[kk][3] = fc_pack2<T>(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
-                    ds_frag[kk][0] = fc_pack2<T>(acc_dp[2 * kk][0], acc_dp[2 * kk][1]);
-                    ds_frag[kk][1] = fc_pack2<T>(acc_dp[2 * kk][2], acc_dp[2 * kk][3]);
-                    ds_frag[kk][2] = fc_pack2<T>(acc_dp[2 * kk + 1][0], acc_dp[2 * kk + 1][1]);
-                    ds_frag[kk][3] = fc_pack2<T>(acc_dp[2 * kk + 1][2], acc_dp[2 * kk + 1][3]);
-                }
+                // the A fragments of dV += P^T dO, dK += dS^T Q
+                fc_acc_to_afrag<T>(acc_s, p_frag);
+                fc_acc_to_afrag<T>(acc_dp, ds_frag);
             }
             fc_fence_proxy_async();
         }
@@ -372,30 +355,22 @@ __global__ void __launch_bounds__(256, 1)
             const uint64_t do_t = fc_wgmma_desc(sdOs + (c0 / 64) * Br * 128, Br * 128, 1024);
             const uint64_t q_t = fc_wgmma_desc(sQs + (c0 / 64) * Br * 128, Br * 128, 1024);
             fc_wgmma_fence();
-            if constexpr (kSplit) {
-                // A = P^T, dS^T as stored (K-major: the queries are contiguous)
-                const uint64_t p_desc = fc_wgmma_desc(sP, 16, 1024);
-                const uint64_t dst_desc = fc_wgmma_desc(sdS, 16, 1024);
+            // acc += A B over the Br queries: A = P^T or dS^T (kSplit: as
+            // stored, K-major with the queries contiguous; else registers)
+            auto grads = [&](float(&acc)[KN / 2], uint32_t sa, const uint32_t(&frag)[PK][4],
+                             uint64_t bt) {
+                const uint64_t a = fc_wgmma_desc(sa, 16, 1024);
 #pragma unroll
                 for (int kk = 0; kk < PK; ++kk) {
-                    const uint32_t ka = (kk / 4) * Bc * 128 + (kk % 4) * 32;
-                    fc_wgmma_ss_bmn<KN, T>(dv_regs, fc_wgmma_desc_add(p_desc, ka),
-                                           fc_wgmma_desc_add(do_t, kk * 16 * 128), 1);
+                    const uint64_t b = fc_wgmma_desc_add(bt, kk * 16 * 128);
+                    if constexpr (kSplit)
+                        fc_wgmma_ss_bmn<KN, T>(acc, fc_wgmma_desc_add(a, fc_kmajor_step(Bc, kk)), b, 1);
+                    else
+                        fc_wgmma_rs<KN, T>(acc, frag[kk], b, 1);
                 }
-#pragma unroll
-                for (int kk = 0; kk < PK; ++kk) {
-                    const uint32_t ka = (kk / 4) * Bc * 128 + (kk % 4) * 32;
-                    fc_wgmma_ss_bmn<KN, T>(dk_regs, fc_wgmma_desc_add(dst_desc, ka),
-                                           fc_wgmma_desc_add(q_t, kk * 16 * 128), 1);
-                }
-            } else {
-#pragma unroll
-                for (int kk = 0; kk < PK; ++kk)
-                    fc_wgmma_rs<KN, T>(dv_regs, p_frag[kk], fc_wgmma_desc_add(do_t, kk * 16 * 128), 1);
-#pragma unroll
-                for (int kk = 0; kk < PK; ++kk)
-                    fc_wgmma_rs<KN, T>(dk_regs, ds_frag[kk], fc_wgmma_desc_add(q_t, kk * 16 * 128), 1);
-            }
+            };
+            grads(dv_regs, sP, p_frag, do_t);
+            grads(dk_regs, sdS, ds_frag, q_t);
             fc_wgmma_commit();
         }
 

@@ -174,10 +174,8 @@ __global__ void __launch_bounds__(fc_sm90_fwd_traits<D>::kThreads,
             const uint64_t kd = fc_wgmma_desc_add(k_desc, (uint32_t)(it % S) * TILE);
 #pragma unroll
             for (int ks = 0; ks < KS; ++ks)
-                fc_wgmma_ss<Bc, T>(s_regs,
-                                   fc_wgmma_desc_add(q_desc, (ks / 4) * Br * 128 + (ks % 4) * 32),
-                                   fc_wgmma_desc_add(kd, (ks / 4) * Bc * 128 + (ks % 4) * 32),
-                                   ks > 0);
+                fc_wgmma_ss<Bc, T>(s_regs, fc_wgmma_desc_add(q_desc, fc_kmajor_step(Br, ks)),
+                                   fc_wgmma_desc_add(kd, fc_kmajor_step(Bc, ks)), ks > 0);
             fc_wgmma_commit();
         }
         if (it > 0) {
@@ -205,15 +203,8 @@ __global__ void __launch_bounds__(fc_sm90_fwd_traits<D>::kThreads,
             fc_reg_fence(p_frag);
             fc_softmax_rescale(acc_o, alpha);
         }
-        // P(it) to 16 bits: the C fragments of 8-column tiles 2kk, 2kk+1 are
-        // the A fragment of k16 slice kk (ptx.cuh)
-#pragma unroll
-        for (int kk = 0; kk < PK; ++kk) {
-            p_frag[kk][0] = fc_pack2<T>(acc_s[0][2 * kk][0], acc_s[0][2 * kk][1]);
-            p_frag[kk][1] = fc_pack2<T>(acc_s[0][2 * kk][2], acc_s[0][2 * kk][3]);
-            p_frag[kk][2] = fc_pack2<T>(acc_s[0][2 * kk + 1][0], acc_s[0][2 * kk + 1][1]);
-            p_frag[kk][3] = fc_pack2<T>(acc_s[0][2 * kk + 1][2], acc_s[0][2 * kk + 1][3]);
-        }
+        // P(it) to 16 bits, the A fragments of O += P V
+        fc_acc_to_afrag<T>(acc_s[0], p_frag);
     }
 
     // ---- the last O += P V ----
