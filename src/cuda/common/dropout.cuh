@@ -14,6 +14,14 @@
 
 #include "../../common/philox.h"
 
+// Bit w set iff 16-bit word w of the group's Philox draw keeps its element.
+__device__ __forceinline__ uint32_t fc_dropout_keep8(const fc_philox4 &r, uint32_t threshold) {
+    uint32_t keep = 0;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) keep |= (uint32_t)(fc_dropout_word(r, w) >= threshold) << w;
+    return keep;
+}
+
 // The keep bits of query row i (within its sequence) for the 32 key columns
 // of the 8-key groups group0 .. group0 + 3 that this thread's quad holds in the
 // mma C layout: bit 8u + e of the result is set iff the element at column
@@ -22,10 +30,7 @@
 __device__ __forceinline__ uint32_t fc_dropout_keep4(uint64_t seed, uint64_t offset,
                                                      uint32_t threshold, uint32_t bh, uint32_t i,
                                                      uint64_t group0, int t) {
-    const fc_philox4 r = fc_dropout_group(seed, offset, bh, i, group0 + t);
-    uint32_t keep = 0;
-#pragma unroll
-    for (int w = 0; w < 8; ++w) keep |= (uint32_t)(fc_dropout_word(r, w) >= threshold) << w;
+    uint32_t keep = fc_dropout_keep8(fc_dropout_group(seed, offset, bh, i, group0 + t), threshold);
     keep <<= 8 * t;  // byte t = group group0 + t
     keep |= __shfl_xor_sync(0xffffffffu, keep, 1);
     keep |= __shfl_xor_sync(0xffffffffu, keep, 2);
@@ -73,11 +78,10 @@ __device__ __forceinline__ uint32_t fc_dropout_keep_t2(uint64_t seed, uint64_t o
                                                        uint32_t threshold, uint32_t bh, int i0,
                                                        int key0, int g, int t) {
     const uint32_t i = (uint32_t)(i0 + 8 * (g >> 2) + 2 * t + (g & 1));
-    const fc_philox4 r =
-        fc_dropout_group(seed, offset, bh, i, (uint64_t)(key0 >> 3) + (uint64_t)((g >> 1) & 1));
-    uint32_t mine = 0;  // bit w: key 8 ((g >> 1) & 1) + w of the group is kept
-#pragma unroll
-    for (int w = 0; w < 8; ++w) mine |= (uint32_t)(fc_dropout_word(r, w) >= threshold) << w;
+    // bit w: key 8 ((g >> 1) & 1) + w of the group is kept
+    const uint32_t mine = fc_dropout_keep8(
+        fc_dropout_group(seed, offset, bh, i, (uint64_t)(key0 >> 3) + (uint64_t)((g >> 1) & 1)),
+        threshold);
     uint32_t keep = 0;
 #pragma unroll
     for (int s = 0; s < 8; ++s)
