@@ -109,6 +109,12 @@ def _no_keys(out, lse, probs):
     return out.zero_(), lse.fill_(math.inf), probs.zero_()
 
 
+def _no_grads(dq, dk, dv):
+    """The backward of a problem with nothing to compute: zero gradients."""
+    for g in (dq, dk, dv):
+        g.zero_()
+
+
 # ---- the C entry points as ops ----
 # q: [B, Sq, H, D]  k, v: [B, Sk, Hk, D]  out: [B, Sq, H, D]  lse: [B, H, Sq] fp32
 # probs: fp32 [B, H, Sq, Sk] when return_probs, else [0]
@@ -177,9 +183,7 @@ def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse
          softmax_scale: float, causal: bool, window_left: int, window_right: int,
          softcap: float, deterministic: bool, seed: int, offset: int) -> None:
     if _no_work(q, k, v, True):
-        for g in (dq, dk, dv):
-            g.zero_()
-        return
+        return _no_grads(dq, dk, dv)
     args = _fill(_lib.BwdArgs, dout=dout, q=q, k=k, v=v, out=out, softmax_lse=softmax_lse,
                  dq=dq, dk=dk, dv=dv, alibi_slopes=alibi_slopes)
     _run("flashc_bwd", args, q.device, dropout_seed=seed, dropout_offset=offset,
@@ -196,9 +200,7 @@ def _varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                 softmax_scale: float, causal: bool, window_left: int, window_right: int,
                 softcap: float, deterministic: bool, seed: int, offset: int) -> None:
     if _no_work(q, k, v, False):
-        for g in (dq, dk, dv):
-            g.zero_()
-        return
+        return _no_grads(dq, dk, dv)
     args = _fill(_lib.VarlenBwdArgs, dout=dout, q=q, k=k, v=v, out=out,
                  softmax_lse=softmax_lse, dq=dq, dk=dk, dv=dv, cu_seqlens_q=cu_seqlens_q,
                  cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
