@@ -258,17 +258,16 @@ static void fc_fwd_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
         const float *k = fc_fwd_rows(x, &a->k, t, j0, nk, t->k, &ldk);
         x->ops->gemm_nn(nk, t->nq, (int)a->head_dim, k, ldk, t->qt, p->ldq, t->st, p->ldq, 0);
     }
-    /* per head: its slope; element (r, c) of its columns: key j0 + r, query i0 + c */
-    for (int g = 0; g < t->nh; g++) {
-        fc_score_mod mod = {
-            .cap = x->cap,
-            .slope = fc_alibi_slope(a, t->b, t->h + g) * x->alibi_mul,
-            .d0 = j0 - t->diag0,
-            .dr = 1,
-            .dc = -1,
-            .wl = edge ? a->window_left : -1,
-            .wr = edge ? a->window_right : -1,
-        };
+    fc_score_mod mod = {
+        .cap = x->cap,
+        .d0 = j0 - t->diag0, /* element (r, c) of a head's columns: key j0 + r, query i0 + c */
+        .dr = 1,
+        .dc = -1,
+        .wl = edge ? a->window_left : -1,
+        .wr = edge ? a->window_right : -1,
+    };
+    for (int g = 0; g < t->nh; g++) { /* per head: its ALiBi slope */
+        mod.slope = fc_alibi_slope(a, t->b, t->h + g) * x->alibi_mul;
         if (mod.cap != 0.0f || mod.slope != 0.0f || mod.wl >= 0 || mod.wr >= 0)
             x->ops->score_mod(nk, t->nqh, t->st + (size_t)g * t->nqh, p->ldq, &mod);
     }
