@@ -92,3 +92,12 @@ void *gb_ws(gb_arena *a, size_t bytes) {
     gb_buf *b = gb_new(a, bytes);
     return b ? b->d : NULL;
 }
+
+int gb_same_bits(const char *what, const char *runs, const void *a, const void *b, size_t bytes) {
+    if (memcmp(a, b, bytes) == 0) return 1;
+    const unsigned char *x = a, *y = b;
+    size_t i = 0;
+    while (x[i] == y[i]) i++;
+    fc_test_fail(__FILE__, __LINE__, "%s differs between %s at byte %zu", what, runs, i);
+    return 0;
+}

@@ -60,5 +60,8 @@ void gb_fill(gb_buf *b, flashc_dtype dt, double lo, double hi);
 int gb_sync(void);
 /* A device workspace of `bytes` owned by the arena (NULL for 0 or on failure). */
 void *gb_ws(gb_arena *a, size_t bytes);
+/* 1 if a and b (two runs' results) agree bit for bit; else a failure
+ * "<what> differs between <runs> at byte N" (the first byte that differs). */
+int gb_same_bits(const char *what, const char *runs, const void *a, const void *b, size_t bytes);
 
 #endif /* FLASHC_TEST_GPU_HELPERS_H */

@@ -53,16 +53,6 @@ static flashc_params gbw_params(const gbw_case *c) {
     return p;
 }
 
-/* The bitwise comparison of the race test: a failure names the first mismatch. */
-static int gbw_same_bits(const char *what, const void *a, const void *b, size_t bytes) {
-    if (memcmp(a, b, bytes) == 0) return 1;
-    const unsigned char *x = a, *y = b;
-    size_t i = 0;
-    while (x[i] == y[i]) i++;
-    fc_test_fail(__FILE__, __LINE__, "%s differs between deterministic runs at byte %zu", what, i);
-    return 0;
-}
-
 /* The references of dq, dk, dv (float64 and the baseline) and room for the
  * GPU's results as doubles, n[i] elements each, owned by the arena. */
 typedef struct {
@@ -172,9 +162,9 @@ static void gbw_run_batched(const void *param) {
             memcpy(s + dqb->bytes + dkb->bytes, dvb->h, dvb->bytes);
         } else if (save) {
             const char *s = save->h;
-            if (!gbw_same_bits("dq", s, dqb->h, dqb->bytes) ||
-                !gbw_same_bits("dk", s + dqb->bytes, dkb->h, dkb->bytes) ||
-                !gbw_same_bits("dv", s + dqb->bytes + dkb->bytes, dvb->h, dvb->bytes))
+            if (!gb_same_bits("dq", "deterministic runs", s, dqb->h, dqb->bytes) ||
+                !gb_same_bits("dk", "deterministic runs", s + dqb->bytes, dkb->h, dkb->bytes) ||
+                !gb_same_bits("dv", "deterministic runs", s + dqb->bytes + dkb->bytes, dvb->h, dvb->bytes))
                 goto done;
         }
     }

@@ -61,11 +61,13 @@ struct fc_bwd_block {
 };
 
 // K and V rows j0 .. j0 + Bc - 1 of KV head hk (zero past the sequence's keys)
-// to the thread's addresses k_dst, v_dst and rows `step` bytes apart.
+// to the thread's addresses k_dst, v_dst and rows `step` bytes apart; nothing
+// when the block walks no query block (its dK, dV are 0).
 template <class Ld, int Bc, typename T>
 __device__ __forceinline__ void fc_bwd_load_kv(const Ld &ld, const fc_cuda_bwd_params &p, int b,
                                                int hk, const fc_bwd_block &blk, uint32_t k_dst,
                                                uint32_t v_dst, uint32_t step) {
+    if (blk.n_iters == 0) return;
     const fc_cuda_fwd_params &f = p.f;
     fc_kv_rows kv = {};
     kv.k_base = blk.k_tok0 * f.k_s_seq + (f.cu_seqlens_k ? 0 : (int64_t)b * f.k_s_batch) +

@@ -412,9 +412,12 @@ __global__ void __launch_bounds__(256, 1)
         dq_row = (int64_t)h * p.rows + fc_bwd_row0(p, b) + m0;
         dq_turn = n_block - n_lo;
     }
+    // Every copy has landed before the epilogue reuses sK, sV: only empty groups
+    // remain after a walk, but a CTA that walked no query block (n_iters = 0, a
+    // key block outside every row's window) never waited for group 0.
+    fc_cp_async_wait<0>();
     __syncthreads();  // the last dQ tile is complete; every wgmma is done with sK, sV
     retire();
-    fc_cp_async_wait<0>();  // only empty groups can remain
     if (tid == 0) fc_bulk_wait_read<0>();
 
     // ---- epilogue: dK * scale, dV through sK / sV to 16-byte stores ----
