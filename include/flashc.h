@@ -41,8 +41,10 @@
  * - CUDA calls are asynchronous, ordered on params.stream, and never synchronise
  *   inside the op.
  * - Integer tensors (cu_seqlens, block_table, cache_seqlens, ...) are int32.
- *   On the CPU their values are validated; on a CUDA device they are not read
- *   on the host (that would synchronise), so the caller answers for them.
+ *   On the CPU their values are validated (FLASHC_ERR_INVALID_ARG). On a CUDA
+ *   device they are not read on the host (that would synchronise); the kernels
+ *   clamp what they read instead, so that no value can make them touch memory
+ *   outside the tensors or fault the device ("Metadata on the GPU" below).
  * - params == NULL means flashc_params_default(); args == NULL is an error.
  * - The CUDA backend runs every entry point for fp16 and bf16 (fp32 and
  *   attn_probs are CPU-only). Its backward keeps an fp32 dQ accumulator and
@@ -51,6 +53,25 @@
  *   params.deterministic = 1 orders the dQ additions across key blocks (a
  *   turn counter per query block), at a cost in speed (bench/NOTES.md).
  */
+/* Metadata on the GPU. A call on CUDA tensors reads its integer tensors on the
+ * device, clamped as follows; a valid value is never changed, and the result is
+ * the attention of the clamped sequences. Here total is q.shape[0] (cu_seqlens_q)
+ * or k.shape[0] (cu_seqlens_k; paged K/V: no bound), and clamp(x, lo, hi) =
+ * min(max(x, lo), hi):
+ * - cu_seqlens: sequence b is rows [s, s + n) with s = clamp(cu[b], 0, total),
+ *   e = clamp(cu[b + 1], s, total), n = min(e - s, max_seqlen): a decreasing
+ *   entry gives an empty sequence, rows past max_seqlen are not computed (their
+ *   outputs are left as they were), and where bad entries make two sequences
+ *   share rows, those rows get either one's result;
+ * - seqused_k[b]: clamp(seqused_k[b], 0, n_k(b));
+ * - block_table: each entry clamp(entry, 0, num_pages - 1); keys past the row's
+ *   block_table.shape[1] * page_size are not used;
+ * - cache_seqlens[b]: used = clamp(cache_seqlens[b], 0, capacity); new rows that
+ *   would land at or past the capacity are neither written nor attended;
+ *   cache_leftpad[b]: clamp(cache_leftpad[b], 0, used); cache_batch_idx[b]:
+ *   clamp(cache_batch_idx[b], 0, k_cache.shape[0] - 1);
+ * - rotary positions past rotary_cos.shape[0] - 1 use that last row. */
+
 #ifndef FLASHC_H
 #define FLASHC_H
 

@@ -621,6 +621,7 @@ static flashc_status fc_prepare_attention(const fc_operands *o, const flashc_par
         if (paged) {
             a->block_table = (const int32_t *)o->block_table->data;
             a->bt_stride = o->block_table->stride[0];
+            a->bt_cols = o->block_table->shape[1];
             a->page_size = o->k->shape[1];
         }
     } else {
@@ -816,6 +817,7 @@ static flashc_status fc_prepare_kvcache(const flashc_kvcache_args *x, const flas
     if (paged) {
         a->block_table = (const int32_t *)x->block_table.data;
         a->bt_stride = x->block_table.stride[0];
+        a->bt_cols = x->block_table.shape[1];
         a->page_size = x->k_cache.shape[1];
     }
     a->k_batch_idx = (const int32_t *)x->cache_batch_idx.data;

@@ -102,6 +102,7 @@ typedef struct fc_attn {
      * fc_kv_row() computes this; v uses the same (page, row) with its own strides. */
     const int32_t *block_table; /* [B, bt_stride...] or NULL */
     int64_t bt_stride;          /* elements between block_table rows */
+    int64_t bt_cols;            /* pages per block_table row (block_table.shape[1]) */
     int64_t page_size;          /* rows per page when paged */
     const int32_t *k_batch_idx; /* kvcache cache_batch_idx, or NULL */
     const int32_t *k_leftpad;   /* kvcache cache_leftpad, or NULL */

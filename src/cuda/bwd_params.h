@@ -23,6 +23,9 @@
 #include <stdint.h>
 
 #include "params.h"
+#ifdef __CUDACC__
+#include "common/seqlens.cuh"
+#endif
 
 // Pad rows per sequence of the scratch arrays: the largest Br of any backward tile.
 #define kFcBwdPadRows 128
@@ -67,10 +70,24 @@ typedef struct fc_cuda_bwd_params {
 // a 128-byte line, so no two lanes share a bank.
 __device__ __forceinline__ int fc_dq_chunk(int c, int i) { return c ^ ((i & 3) << 1); }
 
-// First scratch row of sequence b.
-__device__ __forceinline__ int64_t fc_bwd_row0(const fc_cuda_bwd_params &p, int b) {
-    return p.f.cu_seqlens_q ? (int64_t)p.f.cu_seqlens_q[b] + (int64_t)b * kFcBwdPadRows
-                            : (int64_t)b * p.sq_pad;
+// Sequence b's query length and its first row in q-like operands (varlen),
+// clamped to the operands (common/seqlens.cuh).
+__device__ __forceinline__ void fc_bwd_q_seq(const fc_cuda_bwd_params &p, int b, int *sq,
+                                             int *tok0) {
+    *tok0 = 0;
+    *sq = p.f.seqlen_q;
+    if (p.f.cu_seqlens_q) {
+        const fc_span s = fc_cu_span(p.f.cu_seqlens_q, b, p.f.total_q, p.f.seqlen_q);
+        *tok0 = s.start;
+        *sq = s.len;
+    }
+}
+
+// First scratch row of sequence b, whose first token is tok0 (fc_bwd_q_seq).
+// A sequence's rows and pad rows stay below p.rows for any metadata: tok0 +
+// sq <= total_q.
+__device__ __forceinline__ int64_t fc_bwd_row0(const fc_cuda_bwd_params &p, int b, int tok0) {
+    return p.f.cu_seqlens_q ? (int64_t)tok0 + (int64_t)b * kFcBwdPadRows : (int64_t)b * p.sq_pad;
 }
 #endif
 

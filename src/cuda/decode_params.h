@@ -18,7 +18,9 @@
 // ---- key lengths (src/internal.h fc_kvcache, flashc.h) ----
 // Rows of cache b in use before the append (leftpad rows included):
 //   used(b) = cache_seqlens ? cache_seqlens[b * cs_stride] : capacity
-// and its keys: seqlen_k(b) = used(b) - leftpad(b) + seqlen_new.
+// and its keys: seqlen_k(b) = used(b) - leftpad(b) + seqlen_new. The arrays
+// are the caller's device memory, read only through fc_kv_span, which clamps
+// them (common/seqlens.cuh).
 typedef struct fc_cuda_kv_lens {
     const int32_t *cache_seqlens;  // the caller's [B] or rank-0 scalar, or NULL
     int64_t cs_stride;             // elements between entries, 0 for the scalar
@@ -28,22 +30,33 @@ typedef struct fc_cuda_kv_lens {
 } fc_cuda_kv_lens;
 
 #ifdef __CUDACC__
-__device__ __forceinline__ int fc_kv_used(const fc_cuda_kv_lens &l, int b) {
-    return l.cache_seqlens ? l.cache_seqlens[(int64_t)b * l.cs_stride] : l.capacity;
-}
+#include "common/seqlens.cuh"
 
-__device__ __forceinline__ int fc_kv_leftpad(const fc_cuda_kv_lens &l, int b) {
-    return l.leftpad ? l.leftpad[b] : 0;
+// Cache b's rows, clamped: used in [0, capacity], pad in [0, used], and keys
+// = min(used + seqlen_new, capacity) - pad (new rows at or past the capacity
+// are neither written nor attended).
+struct fc_kv_span {
+    int used, pad, keys;
+};
+__device__ __forceinline__ fc_kv_span fc_kv_span_of(const fc_cuda_kv_lens &l, int b) {
+    const int used = l.cache_seqlens
+                         ? fc_clampi(l.cache_seqlens[(int64_t)b * l.cs_stride], 0, l.capacity)
+                         : l.capacity;
+    const int pad = l.leftpad ? fc_clampi(l.leftpad[b], 0, used) : 0;
+    return {used, pad, min(used + l.seqlen_new, l.capacity) - pad};
 }
 #endif
 
 // ---- the prep kernel: append, rotary q, key lengths ----
 // One warp per row job, in this order:
 //   n_append jobs (b, t, hk): row t of k_new (rotated at position used(b) + t)
-//     and of v_new into cache row used(b) + t of sequence b;
+//     and of v_new into cache row used(b) + t of sequence b, if that row is
+//     below the capacity;
 //   n_q jobs (b, i, h): q row rotated at position used(b) + (q_per_row ? i : 0)
 //     into q_rot;
-//   n_lens jobs: seqlen_k of 32 sequences each into seqlens_k.
+//   n_lens jobs: seqlen_k and leftpad of 32 sequences each into seqlens_k
+//     (fc_kv_span_of: the forward kernel of step 2b reads these clamped copies).
+// Rotary positions past the table's last row read that row.
 // Rotary (RoFormer): pair i < rotary_dim / 2 is (x[2i], x[2i+1]) when
 // interleaved, else (x[i], x[i + rotary_dim / 2]); (x, y) becomes
 // (x c - y s, x s + y c), each product and sum rounded to fp32 as the CPU does
@@ -64,6 +77,7 @@ typedef struct fc_cuda_kvprep_params {
     int64_t bt_stride;
     int32_t page_size;
     const int32_t *k_batch_idx;  // [B] or NULL: contiguous cache row of sequence b
+    int32_t caches;              // k_cache.shape[0]: pages, or cache batches
 
     // the rotary q (n_q = B * Sq * H, 0 without rotary)
     const void *q;  // [B, Sq, H, D]
@@ -73,12 +87,13 @@ typedef struct fc_cuda_kvprep_params {
     // rotary tables [S_ro, rotary_dim / 2], fp32 or the dtype
     const void *rotary_cos, *rotary_sin;
     int64_t cos_s_row, sin_s_row;
+    int32_t rotary_rows;  // S_ro
     int32_t rotary_dim;   // even, <= D; 0 = none
     int32_t interleaved;  // 1: pairs (2i, 2i+1); 0: halves
     int32_t rotary_fp32;  // 1: the tables are fp32; 0: the dtype
     int32_t q_per_row;    // 1 (causal or windowed): q row i at used(b) + i
 
-    int32_t *seqlens_k;  // [B] out, or NULL (n_lens = 0)
+    int32_t *seqlens_k;  // [2 B] out: seqlen_k [B] then leftpad [B], or NULL (n_lens = 0)
     int64_t n_append, n_q, n_lens;
 } fc_cuda_kvprep_params;
 

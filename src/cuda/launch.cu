@@ -85,6 +85,20 @@ static flashc_status fc_cuda_device_get(fc_cuda_device *d) {
     return FLASHC_OK;
 }
 
+// Every length and row, page or batch count the kernels hold in an int is
+// below 2^30, so their int row arithmetic (a sum of two) cannot overflow.
+static flashc_status fc_cuda_len_check(const fc_attn *a) {
+    const int64_t kMaxLen = (int64_t)1 << 30;
+    if (a->max_seqlen_q >= kMaxLen || a->max_seqlen_k >= kMaxLen || a->total_q >= kMaxLen ||
+        a->total_k >= kMaxLen || a->bt_cols >= kMaxLen)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "max_seqlen_q=%lld, max_seqlen_k=%lld, total_q=%lld, total_k=%lld, "
+                            "block_table.shape[1]=%lld but the CUDA backend needs each below 2^30",
+                            (long long)a->max_seqlen_q, (long long)a->max_seqlen_k,
+                            (long long)a->total_q, (long long)a->total_k, (long long)a->bt_cols);
+    return FLASHC_OK;
+}
+
 // ---- operands the kernels read in place, and the repacked rest ----
 // 16-byte cp.async / vector stores: data 16-byte aligned, every stride a
 // multiple of 8 elements (2-byte dtypes), D a multiple of 8.
@@ -284,12 +298,7 @@ static flashc_status fc_cuda_fwd_check(const fc_attn *a, fc_cuda_fwd_plan *plan)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "head_dim=%lld but this CUDA build supports up to %d",
                             (long long)a->head_dim, fc_fwd_max_dim());
-    const int64_t kMaxLen = (int64_t)1 << 30;  // keeps the kernels' int row arithmetic exact
-    if (a->max_seqlen_q >= kMaxLen || a->max_seqlen_k >= kMaxLen)
-        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "max_seqlen_q=%lld, max_seqlen_k=%lld but the CUDA backend needs "
-                            "both below 2^30",
-                            (long long)a->max_seqlen_q, (long long)a->max_seqlen_k);
+    FC_TRY(fc_cuda_len_check(a));
     if (a->batch > 65535 || a->heads > 65535)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "batch=%lld, heads=%lld but the CUDA backend needs both <= 65535",
@@ -338,9 +347,12 @@ static fc_cuda_fwd_params fc_cuda_fwd_make_params(const fc_attn *a) {
     p.seqlens_k = a->seqlens_k;
     p.block_table = a->block_table;
     p.bt_stride = a->bt_stride;
+    p.bt_cols = (int32_t)a->bt_cols;
     p.page_size = (int32_t)a->page_size;
     p.k_batch_idx = a->k_batch_idx;
     p.k_leftpad = a->k_leftpad;
+    p.total_q = (int32_t)a->total_q;
+    p.total_k = (int32_t)a->total_k;
 
     const double log2e = 1.0 / log(2.0);
     const bool softcap = a->softcap > 0.0f;
@@ -526,12 +538,7 @@ static flashc_status fc_cuda_bwd_plan_make(const fc_attn *a, fc_cuda_bwd_plan *p
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "head_dim=%lld but this CUDA build's backward supports up to %d",
                             (long long)a->head_dim, fc_bwd_max_dim());
-    const int64_t kMaxLen = (int64_t)1 << 30;  // keeps the kernels' int row arithmetic exact
-    if (a->max_seqlen_q >= kMaxLen || a->max_seqlen_k >= kMaxLen || a->total_q >= kMaxLen)
-        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "max_seqlen_q=%lld, max_seqlen_k=%lld but the CUDA backend needs "
-                            "both below 2^30",
-                            (long long)a->max_seqlen_q, (long long)a->max_seqlen_k);
+    FC_TRY(fc_cuda_len_check(a));
     if (a->batch > 65535 || a->kv_heads > 65535)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "batch=%lld, kv_heads=%lld but the CUDA backend needs both <= 65535",
@@ -768,7 +775,8 @@ static void fc_decode_log(const fc_cuda_decode_params &p, unsigned grid, bool bf
 }
 
 // Workspace regions: the rotated q (dense [B, Sq, H, D]), the key lengths
-// [B] int32 of step 2b, the split partials (decode_params.h), step 2b's own.
+// and leftpads [2, B] int32 of step 2b, the split partials (decode_params.h),
+// step 2b's own.
 enum { FC_KVW_QROT, FC_KVW_LENS, FC_KVW_OACC, FC_KVW_LSEACC, FC_KVW_FWD, FC_KVW_N };
 
 // What fc_cuda_kvcache will run.
@@ -785,8 +793,9 @@ typedef struct {
 } fc_cuda_kv_plan;
 
 // The problem of the attention: kc->attn, with q the rotated copy at qrot when
-// rotary is on, and the key lengths at seqlens (NULL for step 2a). The copy is
-// dense [B, Sq, H, D]; while sizing, qrot is NULL (the region is 256-byte
+// rotary is on, and the key lengths at seqlens, the leftpads (if any) after
+// them (step 2b: the prep kernel's clamped copies; NULL for step 2a). The copy
+// is dense [B, Sq, H, D]; while sizing, qrot is NULL (the region is 256-byte
 // aligned, and alignment is all the checks read of the pointer).
 static fc_attn fc_kv_attn(const fc_kvcache *kc, bool rotary, void *qrot, const int32_t *seqlens) {
     fc_attn a = kc->attn;
@@ -797,6 +806,7 @@ static fc_attn fc_kv_attn(const fc_kvcache *kc, bool rotary, void *qrot, const i
         a.q.s_batch = a.max_seqlen_q * a.heads * a.head_dim;
     }
     a.seqlens_k = seqlens;
+    if (seqlens && a.k_leftpad) a.k_leftpad = seqlens + a.batch;
     return a;
 }
 
@@ -806,12 +816,7 @@ static flashc_status fc_cuda_kv_plan_make(const fc_kvcache *kc, fc_cuda_kv_plan 
     const fc_attn *a = &kc->attn;
     *pl = fc_cuda_kv_plan{};
     FC_TRY(fc_cuda_dtype_check(a));
-    const int64_t kMaxLen = (int64_t)1 << 30;  // the kernels' int row arithmetic stays exact
-    if (kc->kv_capacity >= kMaxLen || a->max_seqlen_q >= kMaxLen)
-        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "the cache holds %lld rows per sequence and q.shape[1]=%lld but the "
-                            "CUDA backend needs both below 2^30",
-                            (long long)kc->kv_capacity, (long long)a->max_seqlen_q);
+    FC_TRY(fc_cuda_len_check(a));  // a->max_seqlen_k is the cache capacity
     fc_cuda_device dv;
     FC_TRY(fc_cuda_device_get(&dv));
 
@@ -857,7 +862,7 @@ static flashc_status fc_cuda_kv_plan_make(const fc_kvcache *kc, fc_cuda_kv_plan 
     }
     if (pl->attend && !pl->decode) {
         FC_TRY(fc_cuda_fwd_supported(&att));
-        sizes[FC_KVW_LENS] = (size_t)a->batch * sizeof(int32_t);
+        sizes[FC_KVW_LENS] = 2 * (size_t)a->batch * sizeof(int32_t);  // key lengths, leftpads
         sizes[FC_KVW_FWD] = fc_cuda_fwd_workspace(&att);
     }
     pl->bytes = fc_ws_layout(FC_KVW_N, sizes, pl->off);
@@ -890,11 +895,13 @@ static fc_cuda_kvprep_params fc_kv_prep_params(const fc_kvcache *kc, const fc_cu
     p.bt_stride = a->bt_stride;
     p.page_size = (int32_t)a->page_size;
     p.k_batch_idx = a->k_batch_idx;
+    p.caches = (int32_t)a->total_k;
     p.q = a->q.ptr;
     p.q_s_batch = a->q.s_batch, p.q_s_seq = a->q.s_seq, p.q_s_head = a->q.s_head;
     p.q_rot = qrot;
     p.rotary_cos = kc->rotary_cos, p.rotary_sin = kc->rotary_sin;
     p.cos_s_row = kc->rotary_s_row, p.sin_s_row = kc->rotary_sin_s_row;
+    p.rotary_rows = (int32_t)kc->rotary_seqlen;
     p.rotary_dim = (int32_t)kc->rotary_dim;
     p.interleaved = kc->rotary_interleaved;
     p.rotary_fp32 = kc->rotary_dtype == FLASHC_DTYPE_FP32;

@@ -37,14 +37,20 @@ typedef struct fc_cuda_fwd_params {
     int32_t seqlen_k;  // batched Sk, or max_seqlen_k
 
     // ---- sequence layout (src/internal.h fc_seqlen_q/k, fc_q_row, fc_kv_row) ----
+    // The integer arrays are the caller's device memory, read only through
+    // common/seqlens.cuh, which clamps them to the bounds below.
     const int32_t *cu_seqlens_q;  // [B+1] or NULL (batched)
     const int32_t *cu_seqlens_k;  // [B+1] or NULL
     const int32_t *seqlens_k;     // [B] or NULL: key length of b (seqused_k / kvcache)
     const int32_t *block_table;   // [B, bt_stride] or NULL: paged K/V
     int64_t bt_stride;            // elements between block_table rows
+    int32_t bt_cols;              // pages per block_table row (block_table.shape[1])
     int32_t page_size;            // rows per page (>= 1) when paged
     const int32_t *k_batch_idx;   // [B] or NULL: batch b reads K/V batch k_batch_idx[b]
-    const int32_t *k_leftpad;     // [B] or NULL: keys of b start at row k_leftpad[b]
+    const int32_t *k_leftpad;     // [B] or NULL: keys of b start at row k_leftpad[b]; only
+                                  // the kvcache path sets it, to the prep kernel's clamped copy
+    int32_t total_q;              // varlen: rows of q (cu_seqlens_q's bound)
+    int32_t total_k;              // varlen: rows of k; paged: pages; k_batch_idx: cache batches
 
     // ---- scores ----
     // The kernel keeps a score x per element: x = q.k (no softcap) or

@@ -25,25 +25,16 @@
 #define kFcBwdPrepRows 128   // rows per CTA of both kernels
 #define kFcBwdPrepThreads 256
 
-// The sequence b's query length and its row offset in q-like operands.
-__device__ __forceinline__ void fc_bwd_q_seq(const fc_cuda_bwd_params &p, int b, int *sq,
-                                             int64_t *tok0) {
-    const fc_cuda_fwd_params &f = p.f;
-    *tok0 = f.cu_seqlens_q ? f.cu_seqlens_q[b] : 0;
-    *sq = f.cu_seqlens_q ? f.cu_seqlens_q[b + 1] - (int)*tok0 : f.seqlen_q;
-}
-
 // grid (ceil(max_seqlen_q / 128), H, B), block 256: 8 lanes per row, 32 rows a pass.
 template <typename T>
 __global__ void __launch_bounds__(kFcBwdPrepThreads)
     fc_bwd_pre_kernel(const __grid_constant__ fc_cuda_bwd_params p) {
     const fc_cuda_fwd_params &f = p.f;
     const int b = blockIdx.z, h = blockIdx.y, lane8 = threadIdx.x & 7;
-    int sq;
-    int64_t tok0;
+    int sq, tok0;
     fc_bwd_q_seq(p, b, &sq, &tok0);
     const int pad_end = (sq + kFcBwdPadRows - 1) / kFcBwdPadRows * kFcBwdPadRows;
-    const int64_t srow0 = (int64_t)h * p.rows + fc_bwd_row0(p, b);
+    const int64_t srow0 = (int64_t)h * p.rows + fc_bwd_row0(p, b, tok0);
     const T *o = static_cast<const T *>(f.o);
     const T *dout = static_cast<const T *>(p.dout);
     const int chunks = f.head_dim / 8;
@@ -93,14 +84,13 @@ template <typename T>
 __global__ void __launch_bounds__(kFcBwdPrepThreads)
     fc_bwd_dq_kernel(const __grid_constant__ fc_cuda_bwd_params p) {
     const int b = blockIdx.z, h = blockIdx.y;
-    int sq;
-    int64_t tok0;
+    int sq, tok0;
     fc_bwd_q_seq(p, b, &sq, &tok0);
     const int i0 = blockIdx.x * kFcBwdPrepRows;
     const int rows = min(kFcBwdPrepRows, sq - i0);
     if (rows <= 0) return;
     const int pairs = (p.dq_head_dim + 1) / 2;
-    const int64_t srow0 = (int64_t)h * p.rows + fc_bwd_row0(p, b) + i0;
+    const int64_t srow0 = (int64_t)h * p.rows + fc_bwd_row0(p, b, tok0) + i0;
     T *dq = static_cast<T *>(p.dq);
     for (int idx = threadIdx.x; idx < rows * pairs; idx += kFcBwdPrepThreads) {
         const int r = idx / pairs, c = 2 * (idx % pairs);

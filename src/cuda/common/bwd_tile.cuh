@@ -12,10 +12,12 @@
 #include "fwd_tile.cuh"
 #include "mask.cuh"
 #include "ptx.cuh"
+#include "seqlens.cuh"
 
 // ---- the key block of a CTA and its query blocks ----
 struct fc_bwd_block {
     int64_t q_tok0, k_tok0;  // first query and key token of the sequence (varlen)
+    int64_t row0;            // its first scratch row (bwd_params.h fc_bwd_row0)
     int sq, sk;              // its lengths
     int j0, kv_rows;         // first key of the block, its valid rows
     int m_lo, m_span;        // the query blocks m_lo .. m_lo + m_span - 1 it may see
@@ -28,10 +30,17 @@ struct fc_bwd_block {
     template <int Br, int Bc, bool kCausal>
     __device__ __forceinline__ bool init(const fc_cuda_bwd_params &p, int b, int n_block) {
         const fc_cuda_fwd_params &f = p.f;
-        q_tok0 = f.cu_seqlens_q ? f.cu_seqlens_q[b] : 0;
-        sq = f.cu_seqlens_q ? f.cu_seqlens_q[b + 1] - (int)q_tok0 : f.seqlen_q;
-        k_tok0 = f.cu_seqlens_k ? f.cu_seqlens_k[b] : 0;
-        sk = f.cu_seqlens_k ? f.cu_seqlens_k[b + 1] - (int)k_tok0 : f.seqlen_k;
+        int q0;
+        fc_bwd_q_seq(p, b, &sq, &q0);
+        q_tok0 = q0;
+        row0 = fc_bwd_row0(p, b, q0);
+        k_tok0 = 0;
+        sk = f.seqlen_k;
+        if (f.cu_seqlens_k) {
+            const fc_span s = fc_cu_span(f.cu_seqlens_k, b, f.total_k, f.seqlen_k);
+            k_tok0 = s.start;
+            sk = s.len;
+        }
         j0 = n_block * Bc;
         if (j0 >= sk) return false;
         kv_rows = min(Bc, sk - j0);
@@ -106,7 +115,7 @@ __device__ __forceinline__ void fc_bwd_load_q(const fc_cuda_bwd_params &p, int b
                            (int64_t)h * p.do_s_head;
         ld.template load_q<Br>(sQ + off, step, static_cast<const T *>(f.q), qb, f.q_s_seq);
         ld.template load_q<Br>(sdO + off, step, static_cast<const T *>(p.dout), db, p.do_s_seq);
-        const int64_t srow = (int64_t)h * p.rows + fc_bwd_row0(p, b) + m0;
+        const int64_t srow = (int64_t)h * p.rows + blk.row0 + m0;
         for (int r = tid; r < Br; r += NTH) {
             fc_cp_async_4(sLse + (slot * Br + r) * 4, p.lse2 + srow + r);
             fc_cp_async_4(sDelta + (slot * Br + r) * 4, p.delta + srow + r);

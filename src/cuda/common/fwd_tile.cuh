@@ -27,21 +27,24 @@
 #include "../params.h"
 #include "mask.cuh"
 #include "ptx.cuh"
+#include "seqlens.cuh"
 
 // ---- where the key rows of one sequence live ----
 struct fc_kv_rows {
     const int32_t *bt;  // this sequence's block_table row, or NULL (not paged)
     int page_size;
+    int pages;          // pages of the cache (entries are clamped below it)
     int leftpad;        // k_leftpad[b], or 0
     int64_t k_base;     // k_batch_idx / varlen / head offset (paged: head offset only)
     int64_t v_base;
 
-    // Element offset of key row j of the operand with base `base` and strides.
+    // Element offset of key row j (j + leftpad < bt_cols * page_size when
+    // paged) of the operand with base `base` and strides.
     __device__ __forceinline__ int64_t offset(int j, int64_t base, int64_t s_batch,
                                               int64_t s_seq) const {
         const int r = j + leftpad;
         if (bt) {
-            const int page = bt[r / page_size];
+            const int page = fc_page(bt, r, page_size, pages);
             return base + (int64_t)page * s_batch + (int64_t)(r % page_size) * s_seq;
         }
         return base + (int64_t)r * s_seq;
@@ -59,15 +62,31 @@ struct fc_fwd_seq {
     fc_kv_rows kv;
 
     // False when the tile starting at query row m0 lies past sequence b's end.
+    // The lengths and rows are clamped to the operands (common/seqlens.cuh).
     __device__ __forceinline__ bool init(const fc_cuda_fwd_params &p, int b, int h, int m0_,
                                          int Br) {
-        const int q_row0 = p.cu_seqlens_q ? p.cu_seqlens_q[b] : 0;
-        sq = p.cu_seqlens_q ? p.cu_seqlens_q[b + 1] - q_row0 : p.seqlen_q;
+        int q_row0 = 0;
+        sq = p.seqlen_q;
+        if (p.cu_seqlens_q) {
+            const fc_span s = fc_cu_span(p.cu_seqlens_q, b, p.total_q, p.seqlen_q);
+            q_row0 = s.start;
+            sq = s.len;
+        }
         m0 = m0_;
         if (m0 >= sq) return false;
-        sk = p.seqlens_k      ? p.seqlens_k[b]
-             : p.cu_seqlens_k ? p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]
-                              : p.seqlen_k;
+        int k_row0 = 0;
+        sk = p.seqlen_k;
+        if (p.cu_seqlens_k) {
+            // paged: cu_seqlens_k gives lengths only, the pages hold the rows
+            const fc_span s = fc_cu_span(p.cu_seqlens_k, b, p.block_table ? INT_MAX : p.total_k,
+                                         p.seqlen_k);
+            k_row0 = s.start;
+            sk = s.len;
+        }
+        if (p.seqlens_k) sk = fc_clampi(p.seqlens_k[b], 0, sk);
+        kv.leftpad = p.k_leftpad ? p.k_leftpad[b] : 0;
+        if (p.block_table)  // no key past the block_table row
+            sk = (int)min((int64_t)sk, (int64_t)p.bt_cols * p.page_size - kv.leftpad);
         rows = min(Br, sq - m0);
         q_base = (p.cu_seqlens_q ? 0 : (int64_t)b * p.q_s_batch) +
                  (int64_t)(q_row0 + m0) * p.q_s_seq + (int64_t)h * p.q_s_head;
@@ -79,14 +98,14 @@ struct fc_fwd_seq {
         const int hk = h / p.kv_group;
         kv.bt = p.block_table ? p.block_table + (int64_t)b * p.bt_stride : nullptr;
         kv.page_size = p.page_size;
-        kv.leftpad = p.k_leftpad ? p.k_leftpad[b] : 0;
+        kv.pages = p.total_k;
         int64_t k_seq = 0, v_seq = 0;
         if (!p.block_table) {
             if (p.cu_seqlens_k) {
-                k_seq = (int64_t)p.cu_seqlens_k[b] * p.k_s_seq;
-                v_seq = (int64_t)p.cu_seqlens_k[b] * p.v_s_seq;
+                k_seq = (int64_t)k_row0 * p.k_s_seq;
+                v_seq = (int64_t)k_row0 * p.v_s_seq;
             } else {
-                const int64_t kb = p.k_batch_idx ? p.k_batch_idx[b] : b;
+                const int64_t kb = p.k_batch_idx ? fc_index(p.k_batch_idx, b, p.total_k) : b;
                 k_seq = kb * p.k_s_batch;
                 v_seq = kb * p.v_s_batch;
             }

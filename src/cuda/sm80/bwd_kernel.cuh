@@ -306,12 +306,15 @@ __global__ void __launch_bounds__(fc_sm80_bwd_traits<D>::kThreads)
         load_q(it + QS);
 
         // ---- dQ += dS K (warp tile 16 queries x D / kSC, in chunks) ----
-        const int64_t srow = (int64_t)h * p.rows + fc_bwd_row0(p, b) + m0;
-        int32_t *sem = p.sem ? p.sem + srow / p.sem_br : nullptr;  // rows % sem_br == 0
+        const int64_t srow = (int64_t)h * p.rows + blk.row0 + m0;
+        int32_t *sem = p.sem ? p.sem + srow / p.sem_br : nullptr;  // one counter per Br scratch rows
         if (p.deterministic) {
             // my turn: the key blocks n_lo .. n_block - 1 that visit m have added
+            // (">=", not "==": with valid metadata the count cannot pass my turn
+            // before I add; with cu_seqlens that make two sequences share scratch
+            // rows it can, and the wait must still end)
             if (tid == 0)
-                while (fc_ld_acquire(sem) != n_block - n_lo) {
+                while (fc_ld_acquire(sem) < n_block - n_lo) {
                 }
             __syncthreads();
         }

@@ -82,8 +82,8 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
     const int m0 = m_block * Br;            // first packed row of the CTA
     const int rows = min(Br, p.rows - m0);  // valid packed rows
     const int sq = p.f.seqlen_q;
-    const int pad = fc_kv_leftpad(p.lens, b);
-    const int sk = fc_kv_used(p.lens, b) - pad + p.lens.seqlen_new;
+    const fc_kv_span span = fc_kv_span_of(p.lens, b);  // clamped (decode_params.h)
+    const int pad = span.pad, sk = span.keys;
 
     const T *q = static_cast<const T *>(p.f.q);
     const T *k = static_cast<const T *>(p.f.k);
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
     const int32_t *bt = p.f.block_table ? p.f.block_table + (int64_t)b * p.f.bt_stride : nullptr;
     int64_t k_base = (int64_t)hk * p.f.k_s_head, v_base = (int64_t)hk * p.f.v_s_head;
     if (!bt) {
-        const int64_t kb = p.f.k_batch_idx ? p.f.k_batch_idx[b] : b;
+        const int64_t kb = p.f.k_batch_idx ? fc_index(p.f.k_batch_idx, b, p.f.total_k) : b;
         k_base += kb * p.f.k_s_batch;
         v_base += kb * p.f.v_s_batch;
     }
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
         const int j = (t_begin + n) * Bc + pg_row;
         if (n < n_tiles && ld_ch < PASSES && j < sk) {
             const int r = j + pad;
-            pg_page = __ldg(bt + r / p.f.page_size);
+            pg_page = fc_clampi(__ldg(bt + r / p.f.page_size), 0, p.f.total_k - 1);
             pg_in = r % p.f.page_size;
         }
     };

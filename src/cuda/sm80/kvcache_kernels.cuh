@@ -50,6 +50,7 @@ template <typename T>
 __device__ __forceinline__ void fc_rotate_row(const fc_cuda_kvprep_params &p, const T *x, T *y,
                                               int64_t pos, bool rotate, int lane) {
     const int rot = rotate ? p.rotary_dim : 0, half = rot / 2;
+    pos = min(pos, (int64_t)p.rotary_rows - 1);  // the table's last row past its end
     for (int e = lane; e < p.head_dim; e += 32) {
         if (e >= rot) {
             y[e] = x[e];
@@ -66,7 +67,7 @@ __device__ __forceinline__ void fc_rotate_row(const fc_cuda_kvprep_params &p, co
             e0 = i;
             e1 = i + half;
         }
-        const int64_t ci = pos * p.cos_s_row + i, si = pos * p.sin_s_row + i;
+        const int64_t ci = pos * p.cos_s_row + i, si = pos * p.sin_s_row + i;  // pos < rotary_rows
         const float c = p.rotary_fp32 ? static_cast<const float *>(p.rotary_cos)[ci]
                                       : fc_elem_to_float(static_cast<const T *>(p.rotary_cos)[ci]);
         const float s = p.rotary_fp32 ? static_cast<const float *>(p.rotary_sin)[si]
@@ -93,15 +94,17 @@ __global__ void __launch_bounds__(256)
             const int hk = (int)(job % p.kv_heads);
             const int64_t bt_ = job / p.kv_heads;
             const int t = (int)(bt_ % p.lens.seqlen_new), b = (int)(bt_ / p.lens.seqlen_new);
-            const int r = fc_kv_used(p.lens, b) + t;
+            const int r = fc_kv_span_of(p.lens, b).used + t;
+            if (r >= p.lens.capacity) continue;  // past the cache: not written (the whole warp)
             int64_t kdst, vdst;
             if (p.block_table) {
-                const int64_t page = p.block_table[(int64_t)b * p.bt_stride + r / p.page_size];
+                const int64_t page =
+                    fc_page(p.block_table + (int64_t)b * p.bt_stride, r, p.page_size, p.caches);
                 const int64_t in = r % p.page_size;
                 kdst = page * p.kc_s_batch + in * p.kc_s_seq;
                 vdst = page * p.vc_s_batch + in * p.vc_s_seq;
             } else {
-                const int64_t kb = p.k_batch_idx ? p.k_batch_idx[b] : b;
+                const int64_t kb = p.k_batch_idx ? fc_index(p.k_batch_idx, b, p.caches) : b;
                 kdst = kb * p.kc_s_batch + (int64_t)r * p.kc_s_seq;
                 vdst = kb * p.vc_s_batch + (int64_t)r * p.vc_s_seq;
             }
@@ -119,16 +122,18 @@ __global__ void __launch_bounds__(256)
             const int h = (int)(jq % p.heads);
             const int64_t bi = jq / p.heads;
             const int i = (int)(bi % p.seqlen_q), b = (int)(bi / p.seqlen_q);
-            const int64_t pos = fc_kv_used(p.lens, b) + (p.q_per_row ? i : 0);
+            const int64_t pos = fc_kv_span_of(p.lens, b).used + (p.q_per_row ? i : 0);
             const T *x =
                 static_cast<const T *>(p.q) + b * p.q_s_batch + i * p.q_s_seq + h * p.q_s_head;
             T *y = static_cast<T *>(p.q_rot) + jq * p.head_dim;
             fc_rotate_row<T>(p, x, y, pos, true, lane);
         } else {
             const int b = (int)((job - p.n_append - p.n_q) * 32) + lane;
-            if (b < p.batch)
-                p.seqlens_k[b] =
-                    fc_kv_used(p.lens, b) - fc_kv_leftpad(p.lens, b) + p.lens.seqlen_new;
+            if (b < p.batch) {
+                const fc_kv_span span = fc_kv_span_of(p.lens, b);
+                p.seqlens_k[b] = span.keys;
+                p.seqlens_k[p.batch + b] = span.pad;
+            }
         }
     }
 }

@@ -163,9 +163,10 @@ __global__ void __launch_bounds__(256, 1)
     int dq_turn = 0;      // its turn: the visiting key blocks before this one
     auto retire = [&] {
         if (tid == 0 && dq_row >= 0) {
-            int32_t *sem = p.sem ? p.sem + dq_row / p.sem_br : nullptr;  // rows % sem_br == 0
+            int32_t *sem = p.sem ? p.sem + dq_row / p.sem_br : nullptr;
+            // ">=" as in the sm80 kernel: a wait that ends for any metadata
             if (p.deterministic)
-                while (fc_ld_acquire(sem) != dq_turn) {
+                while (fc_ld_acquire(sem) < dq_turn) {
                 }
             fc_bulk_reduce_add_f32(p.dq_accum + dq_row * D, sdQ, Tr::kDQBytes);
             fc_bulk_commit();
@@ -409,7 +410,7 @@ __global__ void __launch_bounds__(256, 1)
                 fc_st_shared_v2f(sdQ + fc_dq_swz_offset<D>(qr + 8 * hr, qc + 8 * qt),
                                  acc_q[qt][2 * hr], acc_q[qt][2 * hr + 1]);
         fc_fence_proxy_async();
-        dq_row = (int64_t)h * p.rows + fc_bwd_row0(p, b) + m0;
+        dq_row = (int64_t)h * p.rows + blk.row0 + m0;
         dq_turn = n_block - n_lo;
     }
     // Every copy has landed before the epilogue reuses sK, sV: only empty groups
