@@ -92,7 +92,7 @@ extern "C" {
 
 /* ---- version ---- */
 #define FLASHC_VERSION_MAJOR 0
-#define FLASHC_VERSION_MINOR 1
+#define FLASHC_VERSION_MINOR 2
 #define FLASHC_VERSION_PATCH 0
 #define FLASHC_VERSION_NUMBER \
     (FLASHC_VERSION_MAJOR * 10000 + FLASHC_VERSION_MINOR * 100 + FLASHC_VERSION_PATCH)
@@ -177,7 +177,7 @@ FLASHC_API flashc_tensor flashc_tensor_contiguous(void *data, flashc_dtype dtype
 /* Every option of flash_attn 2.x. Start from flashc_params_default() or
  * FLASHC_PARAMS_INIT; new fields are added at the end (and bump the minor version). */
 typedef struct flashc_params {
-    float softmax_scale;       /* > 0, or 0 meaning 1/sqrt(head_dim) */
+    float softmax_scale;       /* >= 0; 0 means 1/sqrt(head_dim) unless scale_given = 1 */
     int32_t causal;            /* 0 or 1; with Sq != Sk the mask is aligned to the
                                   bottom-right corner: query i sees key j iff
                                   j <= i + Sk - Sq. Same as window_right = 0. */
@@ -198,12 +198,16 @@ typedef struct flashc_params {
                                   kernel caps it at 128 and at the cache's key tiles */
     flashc_backend backend;    /* AUTO picks the backend of the tensors' device */
     void *stream;              /* cudaStream_t for the CUDA backend; NULL = default stream */
+    int32_t scale_given;       /* 0 or 1 (since 0.2): 1 = softmax_scale is the scale as given,
+                                  0 included (flash_attn's softmax_scale=0.0: every score 0
+                                  before ALiBi, so uniform attention over the visible keys);
+                                  0 = softmax_scale 0 means 1/sqrt(head_dim) */
 } flashc_params;
 
 /* flash_attn's defaults: scale 1/sqrt(D), no mask, no window, no softcap, no
  * dropout, non-deterministic backward allowed, rotary interleaved (as flash_attn). */
 #define FLASHC_PARAMS_INIT \
-    { 0.0f, 0, -1, -1, 0.0f, 0.0f, 0u, 0u, 0, 1, 0, FLASHC_BACKEND_AUTO, NULL }
+    { 0.0f, 0, -1, -1, 0.0f, 0.0f, 0u, 0u, 0, 1, 0, FLASHC_BACKEND_AUTO, NULL, 0 }
 
 /* flashc_params_default() : FLASHC_PARAMS_INIT as a value. */
 FLASHC_API flashc_params flashc_params_default(void);

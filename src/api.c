@@ -359,8 +359,11 @@ static flashc_status fc_check_pages(const flashc_tensor *bt, int64_t b, int64_t 
 // ---- params ----
 static flashc_status fc_check_params(const flashc_params *p) {
     FC_CHECK_ARG(isfinite(p->softmax_scale) && p->softmax_scale >= 0.0f,
-                 "params.softmax_scale=%g but must be finite and >= 0 (0 = 1/sqrt(head_dim))",
+                 "params.softmax_scale=%g but must be finite and >= 0 (0 = 1/sqrt(head_dim) "
+                 "unless params.scale_given = 1)",
                  (double)p->softmax_scale);
+    FC_CHECK_ARG(p->scale_given == 0 || p->scale_given == 1,
+                 "params.scale_given=%d but must be 0 or 1", (int)p->scale_given);
     FC_CHECK_ARG(p->causal == 0 || p->causal == 1, "params.causal=%d but must be 0 or 1",
                  (int)p->causal);
     FC_CHECK_ARG(p->window_left >= -1, "params.window_left=%d but must be >= -1 (-1 = unbounded)",
@@ -382,11 +385,13 @@ static flashc_status fc_check_params(const flashc_params *p) {
     return FLASHC_OK;
 }
 
-/* flash_attn 2.x's resolution: scale 0 -> 1/sqrt(D); causal -> window_right = 0
+/* flash_attn 2.x's resolution: scale 0 -> 1/sqrt(D) (unless given as 0: every
+ * score 0); causal -> window_right = 0
  * (window_left is kept: causal with a left window is a sliding causal window).
  * Windows are kept as given otherwise: fc_key_range clamps them to the keys. */
 static void fc_resolve_options(fc_attn *a, const flashc_params *p, int64_t head_dim) {
-    a->scale = p->softmax_scale > 0.0f ? p->softmax_scale : (float)(1.0 / sqrt((double)head_dim));
+    a->scale = p->softmax_scale > 0.0f || p->scale_given ? p->softmax_scale
+                                                         : (float)(1.0 / sqrt((double)head_dim));
     a->softcap = p->softcap;
     a->causal = p->causal != 0;
     a->window_left = p->window_left;

@@ -75,7 +75,8 @@ static void fc_ref_ctx_init(fc_ref_ctx *c, const flashc_params *p, fc_ref_mode m
     c->H = H;
     c->Hk = Hk;
     c->D = D;
-    c->scale = p->softmax_scale > 0.0f ? (double)p->softmax_scale : 1.0 / sqrt((double)D);
+    c->scale = p->softmax_scale > 0.0f || p->scale_given ? (double)p->softmax_scale
+                                                         : 1.0 / sqrt((double)D);
     c->scale = fc_ref_f32(c, c->scale);
     c->softcap = p->softcap > 0.0f ? (double)p->softcap : 0.0;
     c->wl = p->window_left;
@@ -191,7 +192,7 @@ static double fc_ref_row(const fc_ref_ctx *c, const fc_ref_head *hd, int64_t i,
             s = fc_ref_f32(c, s - fc_ref_f32(c, hd->slope * dist));
         }
         w->p[j] = s;
-        if (s > m) m = s;
+        if (s > m || isnan(s)) m = s;  /* a NaN score makes m NaN: the row is NaN */
     }
     if (m == -INFINITY) {
         for (int64_t j = 0; j < sk; j++) w->p[j] = 0.0;

@@ -352,3 +352,42 @@ th_opts th_option_cycle(int i, th_windows w) {
     }
     return o;
 }
+
+void th_nan_head(const char *what, double *got, double *ref, double *lowp, int64_t Sq,
+                 int64_t Sk, int64_t H, int64_t D, int wl, int wr) {
+    const int64_t diag = Sq / 2 + Sk - Sq;
+    const int64_t lo = wl >= 0 && diag - wl > 0 ? diag - wl : 0;
+    const int64_t hi = wr >= 0 && diag + wr + 1 < Sk ? diag + wr + 1 : Sk;
+    int64_t finite = 0;
+    for (int64_t j = 0; j < Sk; j++)
+        for (int64_t d = 0; d < D; d++) {
+            const int64_t e = (j * H + H - 1) * D + d;
+            if (j >= lo && j < hi) finite += !isnan(got[e]);
+            got[e] = ref[e] = lowp[e] = 0.0;
+        }
+    if (finite)
+        fc_test_fail(__FILE__, __LINE__, "%s: %lld elements of the keys the NaN row sees are not NaN",
+                     what, (long long)finite);
+}
+
+flashc_params th_edge_params(const th_edge *c) {
+    flashc_params p = flashc_params_default();
+    p.window_left = c->wl;
+    p.window_right = c->wr;
+    p.dropout_p = c->dropout;
+    p.dropout_seed = fc_rand_u64();
+    p.dropout_offset = fc_rand_u64() >> 40;
+    p.deterministic = 1;
+    if (c->scale_zero) {
+        p.softmax_scale = 0.0f;
+        p.scale_given = 1;
+    }
+    return p;
+}
+
+void th_edge_name(char *buf, size_t n, const char *prefix, const th_edge *c) {
+    snprintf(buf, n, "%s%s%s%s_%s_d%d_%dx%d%s%s", prefix, c->family ? c->family : "",
+             c->family ? "_" : "", c->one_key ? "one_key" : c->nan_q ? "nan_q" : "scale_zero",
+             flashc_dtype_name(c->dt), c->D, c->Sq, c->Sk, c->dropout > 0.0f ? "/dropout" : "",
+             c->alibi ? "/alibi" : "");
+}

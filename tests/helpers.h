@@ -96,6 +96,34 @@ int th_check_signs(const char *what, const double *got, const double *ref, int64
 int th_check_masked_rows(const double *lse, const double *out, int64_t B, int64_t Sq, int64_t H,
                          int64_t D);
 
+/* One case of the edge-semantics tests (test_edge.c, gpu/test_gpu_edge.c), MHA. */
+typedef struct th_edge {
+    const char *family; /* GPU: FLASHC_CUDA_FAMILY of the case; CPU: NULL */
+    flashc_dtype dt;
+    int B, Sq, Sk, H, D;
+    int wl, wr;         /* window */
+    float dropout;      /* 0 off */
+    int alibi;          /* th_alibi_new's kind (GPU: slopes [B, H] when nonzero) */
+    int nan_q;          /* q[0, Sq / 2, H - 1, 0] = NaN */
+    int scale_zero;     /* scale_given = 1, softmax_scale = 0 */
+    int one_key;        /* every row sees one key: dq and dk must be exactly 0 */
+} th_edge;
+
+/* The params of an edge case: window, dropout (seed and offset drawn from the
+ * case's random numbers), deterministic, the zero scale. */
+flashc_params th_edge_params(const th_edge *c);
+/* "<prefix><family>_one_key_bf16_d64_40x40/dropout/alibi" */
+void th_edge_name(char *buf, size_t n, const char *prefix, const th_edge *c);
+
+/* For a NaN put in q at (batch 0, row Sq / 2, head H - 1): dk, dv (dense [B, Sk, H,
+ * D] got, ref64, lowp; MHA) of that head must be NaN at the keys the row sees
+ * (window wl, wr; -1 unbounded), else a failure naming what. At its other keys they
+ * are implementation-defined (a GEMM with the NaN q row reaches every key of a
+ * tile it visits, the reference every key), so the head is zeroed in all three
+ * arrays: the tolerance check that follows covers the other heads and batches. */
+void th_nan_head(const char *what, double *got, double *ref, double *lowp, int64_t Sq,
+                 int64_t Sk, int64_t H, int64_t D, int wl, int wr);
+
 // ---- workspace ----
 
 /* A workspace of `bytes` aligned to FLASHC_WORKSPACE_ALIGN, followed by a

@@ -252,6 +252,7 @@ FC_TEST(api_params_default) {
     FC_EXPECT_EQ(d.num_splits, i.num_splits);
     FC_EXPECT_EQ(d.backend, i.backend);
     FC_EXPECT_TRUE(d.stream == i.stream);
+    FC_EXPECT_EQ(d.scale_given, i.scale_given);
     /* flash_attn 2.x defaults: softmax_scale=None (1/sqrt(D)), causal=False,
        window_size=(-1, -1), softcap=0.0, dropout_p=0.0, deterministic=False,
        rotary_interleaved=True, num_splits=0 (heuristic) */

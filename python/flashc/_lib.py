@@ -42,7 +42,7 @@ class Params(ctypes.Structure):
                 ("dropout_seed", ctypes.c_uint64), ("dropout_offset", ctypes.c_uint64),
                 ("deterministic", ctypes.c_int32), ("rotary_interleaved", ctypes.c_int32),
                 ("num_splits", ctypes.c_int32), ("backend", ctypes.c_int),
-                ("stream", ctypes.c_void_p)]
+                ("stream", ctypes.c_void_p), ("scale_given", ctypes.c_int32)]
 
 
 def _args_struct(name, fields):
@@ -65,6 +65,10 @@ VarlenBwdArgs = _args_struct("VarlenBwdArgs", (
 KvcacheArgs = _args_struct("KvcacheArgs", (
     "q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos", "rotary_sin", "cache_seqlens",
     "cache_batch_idx", "cache_leftpad", "block_table", "alibi_slopes", "out", "softmax_lse"))
+
+# the integer metadata tensors (int32 only)
+INT_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table", "cache_seqlens",
+            "cache_batch_idx", "cache_leftpad")
 
 # entry point -> its args struct (each has a *_workspace_size twin)
 ENTRY_POINTS = {"flashc_fwd": FwdArgs, "flashc_varlen_fwd": VarlenFwdArgs,
@@ -124,6 +128,11 @@ def _load():
     lib.flashc_params_default.restype = Params
     lib.flashc_backend_available.restype = ctypes.c_int
     lib.flashc_backend_available.argtypes = [ctypes.c_int]
+    lib.flashc_version_number.restype = ctypes.c_uint
+    # Params above is the 0.2 layout (scale_given); an older library reads less of it
+    if lib.flashc_version_number() < 200:
+        raise ImportError("flashc: %s is libflashc %s, but this package needs 0.2 or later "
+                          "(rebuild the library)" % (path, lib.flashc_version().decode()))
     return lib
 
 
@@ -142,6 +151,9 @@ def describe(t, name):
     d = Tensor()
     if t is None:
         return d
+    if name in INT_ARGS and t.dtype != torch.int32:
+        raise FlashcArgumentError(ERR_INVALID_ARG, "%s.dtype=%s but must be torch.int32" %
+                                  (name, t.dtype))
     if t.dtype not in DTYPES:
         raise FlashcArgumentError(ERR_INVALID_ARG, "%s.dtype=%s but flashc takes float32, "
                                   "float16, bfloat16 or int32" % (name, t.dtype))

@@ -378,13 +378,22 @@ static void fc_bwd_probs(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const fc_
 }
 
 /* s->p holds P, s->dp holds dOi Vj^T: overwrite s->p with dS (without the
- * factor scale, which the stores of dQ and dK apply). */
+ * factor scale, which the stores of dQ and dK apply). A row that sees one key
+ * has P = 1 there and dS = 0 exactly (a softmax over one element); the
+ * formula would leave the rounding of O in Delta (with dropout, O = V / (1 - p)
+ * rounded to the dtype) as a residue. */
 static void fc_bwd_dscores(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const fc_bwd_tile *t) {
     int ld = c->pl.bc;
     bool dropout = c->a->dropout_p > 0.0f, cap = c->a->softcap > 0.0f;
     for (int r = 0; r < t->br; r++) {
         if (s->lse[r] == -INFINITY) continue; /* P = 0, so dS = 0 */
         float *p = s->p + (size_t)r * ld;
+        int64_t lo, hi;
+        fc_key_range(c->a, t->sq, t->sk, t->i0 + r, &lo, &hi);
+        if (hi - lo == 1) {
+            memset(p, 0, (size_t)t->bc * sizeof(float));
+            continue;
+        }
         const float *dp = s->dp + (size_t)r * ld;
         float delta = s->delta[r];
         if (dropout) {

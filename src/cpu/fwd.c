@@ -471,7 +471,7 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
 
     /* Oi / l, lse; a row that saw no key has l = 0, Oi = 0 */
     for (int c = 0; c < t.nq; c++) {
-        int seen = t.l[c] > 0.0f;
+        int seen = t.l[c] != 0.0f; /* NaN (a NaN score) is seen: NaN out and lse */
         double lse2 = seen ? (double)t.m[c] + log2((double)t.l[c]) : -INFINITY;
         t.lse2[c] = (float)lse2;
         int64_t hc = fc_fwd_col_head(&t, c), ic = fc_fwd_col_row(&t, c);

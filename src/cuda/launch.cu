@@ -28,6 +28,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -356,7 +357,11 @@ static fc_cuda_fwd_params fc_cuda_fwd_make_params(const fc_attn *a) {
 
     const double log2e = 1.0 / log(2.0);
     const bool softcap = a->softcap > 0.0f;
-    p.score_scale = softcap ? a->softcap : a->scale;
+    // A softmax scale of 0 (scale_given) runs as FLT_MIN: x * FLT_MIN is far below
+    // the rounding of any logit, so the result is that of a zero scale, and the
+    // units of x stay finite (ALiBi's alibi_scale = 1 / score_scale, the -inf of
+    // an empty running max times score_scale_log2). dS keeps the exact 0 (ds_scale).
+    p.score_scale = softcap ? a->softcap : a->scale > 0.0f ? a->scale : FLT_MIN;
     p.score_scale_log2 = (float)((double)p.score_scale * log2e);
     p.softcap_pre = softcap ? (float)(2.0 * log2e * (double)a->scale / (double)a->softcap) : 0.0f;
     p.alibi = a->alibi;

@@ -1,7 +1,9 @@
 /* gpu_helpers.c : host buffers with device twins for the GPU tests (gpu_helpers.h). */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "gpu_helpers.h"
 
 #include <cuda_runtime_api.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,4 +102,34 @@ int gb_same_bits(const char *what, const char *runs, const void *a, const void *
     while (x[i] == y[i]) i++;
     fc_test_fail(__FILE__, __LINE__, "%s differs between %s at byte %zu", what, runs, i);
     return 0;
+}
+
+void gb_family_enter(gb_family *f, const char *family) {
+    const char *old = getenv("FLASHC_CUDA_FAMILY");
+    f->had = old != NULL;
+    snprintf(f->saved, sizeof f->saved, "%s", old ? old : "");
+    setenv("FLASHC_CUDA_FAMILY", family, 1);
+}
+
+void gb_family_leave(const gb_family *f) {
+    if (f->had) setenv("FLASHC_CUDA_FAMILY", f->saved, 1);
+    else unsetenv("FLASHC_CUDA_FAMILY");
+}
+
+/* The GPU tests need a CUDA device of compute capability >= 8.0 (run.c). */
+const char *fc_test_skip_reason(void) {
+    static char why[200];
+    int n = 0, major = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        snprintf(why, sizeof why, "no CUDA device or driver (cudaGetDeviceCount: %s)",
+                 cudaGetErrorString(e));
+        return why;
+    }
+    for (int i = 0; i < n; i++)
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, i) == cudaSuccess &&
+            major >= 8)
+            return NULL;
+    snprintf(why, sizeof why, "none of the %d CUDA devices has compute capability >= 8.0", n);
+    return why;
 }

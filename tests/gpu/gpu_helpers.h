@@ -60,6 +60,15 @@ void gb_fill(gb_buf *b, flashc_dtype dt, double lo, double hi);
 int gb_sync(void);
 /* A device workspace of `bytes` owned by the arena (NULL for 0 or on failure). */
 void *gb_ws(gb_arena *a, size_t bytes);
+/* FLASHC_CUDA_FAMILY set to `family` ("auto" or "sm80") for one case; leave
+ * puts the previous value (or its absence) back. */
+typedef struct {
+    char saved[32];
+    int had;
+} gb_family;
+void gb_family_enter(gb_family *f, const char *family);
+void gb_family_leave(const gb_family *f);
+
 /* 1 if a and b (two runs' results) agree bit for bit; else a failure
  * "<what> differs between <runs> at byte N" (the first byte that differs). */
 int gb_same_bits(const char *what, const char *runs, const void *a, const void *b, size_t bytes);

@@ -22,7 +22,6 @@
  * flashc_static and cudart (only with FLASHC_CUDA_BWD). `flashc_gpu_tests
  * gpu_window` runs these alone.
  */
-#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -46,32 +45,14 @@ typedef struct {
 static gw_case gw_cases[GW_MAX_CASES];
 static int gw_ncases;
 
-/* FLASHC_CUDA_FAMILY for one case; the previous value comes back with gw_env_leave. */
-typedef struct {
-    char saved[32];
-    int had;
-} gw_env;
-
-static void gw_env_enter(gw_env *e, const char *family) {
-    const char *old = getenv("FLASHC_CUDA_FAMILY");
-    e->had = old != NULL;
-    snprintf(e->saved, sizeof e->saved, "%s", old ? old : "");
-    setenv("FLASHC_CUDA_FAMILY", family, 1);
-}
-
-static void gw_env_leave(const gw_env *e) {
-    if (e->had) setenv("FLASHC_CUDA_FAMILY", e->saved, 1);
-    else unsetenv("FLASHC_CUDA_FAMILY");
-}
-
 static void gw_run(const void *param) {
     const gw_case *c = (const gw_case *)param;
     const flashc_dtype dt = c->dt;
     const int64_t B = c->b, Sq = c->sq, Sk = c->sk, H = c->h, Hk = c->hk, D = c->d;
     const size_t es = flashc_dtype_size(dt);
     const int64_t nq = B * Sq * H * D, nk = B * Sk * Hk * D, nl = B * H * Sq;
-    gw_env env;
-    gw_env_enter(&env, c->family);
+    gb_family fam;
+    gb_family_enter(&fam, c->family);
     gb_arena ar = {0};
     flashc_params p = flashc_params_default();
     p.softmax_scale = (float)(2.0 / sqrt((double)D)); /* peakier than the default */
@@ -194,7 +175,7 @@ static void gw_run(const void *param) {
     }
 done:
     gb_free(&ar);
-    gw_env_leave(&env);
+    gb_family_leave(&fam);
 }
 
 // ---- the sweep ----

@@ -17,7 +17,6 @@
 // ---- the key block of a CTA and its query blocks ----
 struct fc_bwd_block {
     int64_t q_tok0, k_tok0;  // first query and key token of the sequence (varlen)
-    int64_t row0;            // its first scratch row (bwd_params.h fc_bwd_row0)
     int sq, sk;              // its lengths
     int j0, kv_rows;         // first key of the block, its valid rows
     int m_lo, m_span;        // the query blocks m_lo .. m_lo + m_span - 1 it may see
@@ -33,7 +32,6 @@ struct fc_bwd_block {
         int q0;
         fc_bwd_q_seq(p, b, &sq, &q0);
         q_tok0 = q0;
-        row0 = fc_bwd_row0(p, b, q0);
         k_tok0 = 0;
         sk = f.seqlen_k;
         if (f.cu_seqlens_k) {
@@ -61,6 +59,12 @@ struct fc_bwd_block {
         return true;
     }
 
+    // The first scratch row of the sequence (bwd_params.h fc_bwd_row0), from
+    // q_tok0 when needed rather than kept in registers.
+    __device__ __forceinline__ int64_t row0(const fc_cuda_bwd_params &p, int b) const {
+        return fc_bwd_row0(p, b, (int)q_tok0);
+    }
+
     // The query head and block of iteration `it` of KV head hk's CTA.
     __device__ __forceinline__ void iter_hm(const fc_cuda_fwd_params &f, int hk, int it, int *h,
                                             int *m) const {
@@ -70,13 +74,11 @@ struct fc_bwd_block {
 };
 
 // K and V rows j0 .. j0 + Bc - 1 of KV head hk (zero past the sequence's keys)
-// to the thread's addresses k_dst, v_dst and rows `step` bytes apart; nothing
-// when the block walks no query block (its dK, dV are 0).
+// to the thread's addresses k_dst, v_dst and rows `step` bytes apart.
 template <class Ld, int Bc, typename T>
 __device__ __forceinline__ void fc_bwd_load_kv(const Ld &ld, const fc_cuda_bwd_params &p, int b,
                                                int hk, const fc_bwd_block &blk, uint32_t k_dst,
                                                uint32_t v_dst, uint32_t step) {
-    if (blk.n_iters == 0) return;
     const fc_cuda_fwd_params &f = p.f;
     fc_kv_rows kv = {};
     kv.k_base = blk.k_tok0 * f.k_s_seq + (f.cu_seqlens_k ? 0 : (int64_t)b * f.k_s_batch) +
@@ -84,9 +86,9 @@ __device__ __forceinline__ void fc_bwd_load_kv(const Ld &ld, const fc_cuda_bwd_p
     kv.v_base = blk.k_tok0 * f.v_s_seq + (f.cu_seqlens_k ? 0 : (int64_t)b * f.v_s_batch) +
                 (int64_t)hk * f.v_s_head;
     ld.template load_kv<Bc>(k_dst, step, static_cast<const T *>(f.k), kv.k_base, 0, f.k_s_seq,
-                            blk.j0, kv);
+                            blk.j0, kv, 0);  // not paged
     ld.template load_kv<Bc>(v_dst, step, static_cast<const T *>(f.v), kv.v_base, 0, f.v_s_seq,
-                            blk.j0, kv);
+                            blk.j0, kv, 0);
 }
 
 // Iteration `it`'s query block (Q and dO rows of its head, zero past the
@@ -115,7 +117,7 @@ __device__ __forceinline__ void fc_bwd_load_q(const fc_cuda_bwd_params &p, int b
                            (int64_t)h * p.do_s_head;
         ld.template load_q<Br>(sQ + off, step, static_cast<const T *>(f.q), qb, f.q_s_seq);
         ld.template load_q<Br>(sdO + off, step, static_cast<const T *>(p.dout), db, p.do_s_seq);
-        const int64_t srow = (int64_t)h * p.rows + blk.row0 + m0;
+        const int64_t srow = (int64_t)h * p.rows + blk.row0(p, b) + m0;
         for (int r = tid; r < Br; r += NTH) {
             fc_cp_async_4(sLse + (slot * Br + r) * 4, p.lse2 + srow + r);
             fc_cp_async_4(sDelta + (slot * Br + r) * 4, p.delta + srow + r);

@@ -33,15 +33,15 @@
 struct fc_kv_rows {
     const int32_t *bt;  // this sequence's block_table row, or NULL (not paged)
     int page_size;
-    int pages;          // pages of the cache (entries are clamped below it)
     int leftpad;        // k_leftpad[b], or 0
     int64_t k_base;     // k_batch_idx / varlen / head offset (paged: head offset only)
     int64_t v_base;
 
     // Element offset of key row j (j + leftpad < bt_cols * page_size when
-    // paged) of the operand with base `base` and strides.
-    __device__ __forceinline__ int64_t offset(int j, int64_t base, int64_t s_batch,
-                                              int64_t s_seq) const {
+    // paged) of the operand with base `base` and strides; `pages` bounds the
+    // block_table entries (params.h total_k).
+    __device__ __forceinline__ int64_t offset(int j, int64_t base, int64_t s_batch, int64_t s_seq,
+                                              int pages) const {
         const int r = j + leftpad;
         if (bt) {
             const int page = fc_page(bt, r, page_size, pages);
@@ -84,9 +84,9 @@ struct fc_fwd_seq {
             sk = s.len;
         }
         if (p.seqlens_k) sk = fc_clampi(p.seqlens_k[b], 0, sk);
-        kv.leftpad = p.k_leftpad ? p.k_leftpad[b] : 0;
         if (p.block_table)  // no key past the block_table row
-            sk = (int)min((int64_t)sk, (int64_t)p.bt_cols * p.page_size - kv.leftpad);
+            sk = (int)min((int64_t)sk, (int64_t)p.bt_cols * p.page_size -
+                                           (p.k_leftpad ? p.k_leftpad[b] : 0));
         rows = min(Br, sq - m0);
         q_base = (p.cu_seqlens_q ? 0 : (int64_t)b * p.q_s_batch) +
                  (int64_t)(q_row0 + m0) * p.q_s_seq + (int64_t)h * p.q_s_head;
@@ -98,7 +98,7 @@ struct fc_fwd_seq {
         const int hk = h / p.kv_group;
         kv.bt = p.block_table ? p.block_table + (int64_t)b * p.bt_stride : nullptr;
         kv.page_size = p.page_size;
-        kv.pages = p.total_k;
+        kv.leftpad = p.k_leftpad ? p.k_leftpad[b] : 0;
         int64_t k_seq = 0, v_seq = 0;
         if (!p.block_table) {
             if (p.cu_seqlens_k) {
@@ -165,11 +165,12 @@ struct fc_tile_loader {
         }
     }
 
-    // Key (or value) rows j0 .. j0 + ROWS - 1 of operand `base` (kv.offset).
+    // Key (or value) rows j0 .. j0 + ROWS - 1 of operand `base` (kv.offset;
+    // pages: the cache's, when paged).
     template <int ROWS>
     __device__ __forceinline__ void load_kv(uint32_t dst, uint32_t step, const T *base,
                                             int64_t op_base, int64_t s_batch, int64_t s_seq,
-                                            int j0, const fc_kv_rows &kv) const {
+                                            int j0, const fc_kv_rows &kv, int pages) const {
         if (!active) return;
         op_base += ch * 8;
         if (!kv.bt) {
@@ -189,7 +190,7 @@ struct fc_tile_loader {
                 if (!in_tile<ROWS>(c)) break;
                 const bool ok = j0 + c * RPP < kv_lim;
                 const int j = j0 + row + c * RPP;
-                const T *src = ok ? base + kv.offset(j, op_base, s_batch, s_seq) : base;
+                const T *src = ok ? base + kv.offset(j, op_base, s_batch, s_seq, pages) : base;
                 fc_cp_async_16(dst + c * step, src, ok);
             }
         }
@@ -203,10 +204,10 @@ __device__ __forceinline__ void fc_load_kv_tile(const Ld &ld, uint32_t dst, uint
                                                 int j0) {
     if (is_v)
         ld.template load_kv<ROWS>(dst, step, static_cast<const T *>(p.v), seq.kv.v_base,
-                                  p.v_s_batch, p.v_s_seq, j0, seq.kv);
+                                  p.v_s_batch, p.v_s_seq, j0, seq.kv, p.total_k);
     else
         ld.template load_kv<ROWS>(dst, step, static_cast<const T *>(p.k), seq.kv.k_base,
-                                  p.k_s_batch, p.k_s_seq, j0, seq.kv);
+                                  p.k_s_batch, p.k_s_seq, j0, seq.kv, p.total_k);
 }
 
 // ---- launching a kernel (forward or backward) ----

@@ -120,6 +120,13 @@ __device__ __forceinline__ float2 fc_unpack2<__half>(uint32_t v) {
 }
 
 // ---- special functions ----
+// max(a, b) that is NaN when either is (PTX max.NaN, sm_80+; fmaxf returns the other).
+__device__ __forceinline__ float fc_fmax_nan(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
 // 2^x, max relative error 2^-22; 2^-inf = +0 (the masked-score path relies on it).
 __device__ __forceinline__ float fc_exp2(float x) {
     float y;

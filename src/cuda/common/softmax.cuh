@@ -10,7 +10,9 @@
 // the probability of x is exp2(x * sl2 - m * sl2) with sl2 = score_scale_log2,
 // one FFMA and one MUFU.EX2 per element. A row whose keys are all masked so far
 // has m = -inf; it uses 0 in place of m (so exp2(-inf) = 0 and no NaN), and ends
-// with l = 0: output 0 and lse = -inf, as flash_attn.
+// with l = 0: output 0 and lse = -inf, as flash_attn. A NaN score makes its row's
+// sum NaN, and the row's output and lse NaN (fmaxf skips it in the max, the sum
+// does not), as flash_attn and PyTorch.
 #ifndef FLASHC_CUDA_SOFTMAX_CUH
 #define FLASHC_CUDA_SOFTMAX_CUH
 
@@ -102,11 +104,12 @@ struct fc_softmax {
 
     // After the last tile: the factor that normalises row (mt, hr) of O (times
     // `rescale`, the dropout 1/(1-p)), and its natural-log lse (score_scale: the
-    // natural units of x). A row that saw no key gets 0 and -inf.
+    // natural units of x). A row that saw no key gets 0 and -inf; a NaN sum
+    // gives NaN.
     __device__ __forceinline__ void finalize(int mt, int hr, float score_scale, float rescale,
                                              float *inv, float *lse) const {
         const float sum = fc_quad_sum(l[mt][hr]);
-        const bool empty = !(sum > 0.0f);
+        const bool empty = sum == 0.0f;
         *inv = empty ? 0.0f : rescale / sum;
         *lse = empty ? -INFINITY : m[mt][hr] * score_scale + logf(sum);
     }

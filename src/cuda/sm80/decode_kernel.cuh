@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
             scale[w] = mx == -INFINITY ? 0.0f : fc_exp2((sM[w * Br + r] - mx) * sl2);
             l += scale[w] * sL[w * Br + r];
         }
-        const bool empty = !(l > 0.0f);
+        const bool empty = l == 0.0f;  // NaN (a NaN score) is not empty: NaN out, lse
         const float inv = empty ? 0.0f : 1.0f / l;
         const float lse = empty ? -INFINITY : mx * p.f.score_scale + logf(l);
         float acc[8];

@@ -142,7 +142,8 @@ __global__ void __launch_bounds__(256)
 // One warp per output row (b, hk, packed row R), 4 per CTA. With lse_s the
 // splits' natural-log lse and O_s their normalised outputs:
 //     lse = log sum_s e^(lse_s),  out = sum_s e^(lse_s - lse) O_s
-// (flash_attn's combine); every lse_s = -inf (no key seen) gives 0 and -inf.
+// (flash_attn's combine); every lse_s = -inf (no key seen) gives 0 and -inf, a
+// NaN lse_s (a NaN score) NaN.
 enum { FC_COMBINE_WARPS = 4, FC_COMBINE_MAX_SPLITS = 128 };
 
 template <typename T>
@@ -160,10 +161,10 @@ __global__ void __launch_bounds__(32 * FC_COMBINE_WARPS)
     for (int x = 0; x < kPerLane; ++x) {
         const int s = lane + 32 * x;
         w[x] = s < p.splits ? p.lse_accum[s * per_split + row] : -INFINITY;
-        mx = fmaxf(mx, w[x]);
+        mx = fc_fmax_nan(mx, w[x]);
     }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    for (int o = 16; o > 0; o >>= 1) mx = fc_fmax_nan(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float sum = 0.0f;
 #pragma unroll
     for (int x = 0; x < kPerLane; ++x) {
@@ -172,7 +173,7 @@ __global__ void __launch_bounds__(32 * FC_COMBINE_WARPS)
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const bool empty = !(sum > 0.0f);
+    const bool empty = sum == 0.0f;
     const float inv = empty ? 0.0f : 1.0f / sum;
 #pragma unroll
     for (int x = 0; x < kPerLane; ++x) {

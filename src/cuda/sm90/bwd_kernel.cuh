@@ -324,6 +324,18 @@ __global__ void __launch_bounds__(256, 1)
                 else
                     dscores(std::false_type{});
             }
+            // A row (query) that sees one key has P = 1 there and dS = 0 exactly (a
+            // softmax over one element; Delta from the rounded O would leave a
+            // residue). Such a row makes every tile it meets partial.
+            if (partial) {
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int i = m0 + q0 + 8 * nt + 2 * t + (e & 1);
+                        if (max(mask.lo(i), 0) + 1 == mask.hi(i)) acc_dp[nt][e] = 0.0f;
+                    }
+            }
             // dS^T (and with kSplit P^T) to shared memory [key][query]: the C
             // fragment pairs of 8-query tile nt are chunk q0 / 8 + nt of their rows
 #pragma unroll
@@ -410,7 +422,7 @@ __global__ void __launch_bounds__(256, 1)
                 fc_st_shared_v2f(sdQ + fc_dq_swz_offset<D>(qr + 8 * hr, qc + 8 * qt),
                                  acc_q[qt][2 * hr], acc_q[qt][2 * hr + 1]);
         fc_fence_proxy_async();
-        dq_row = (int64_t)h * p.rows + blk.row0 + m0;
+        dq_row = (int64_t)h * p.rows + blk.row0(p, b) + m0;
         dq_turn = n_block - n_lo;
     }
     // Every copy has landed before the epilogue reuses sK, sV: only empty groups

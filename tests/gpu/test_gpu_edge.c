@@ -1,0 +1,142 @@
+/* test_gpu_edge.c : test_edge.c's edge semantics on the CUDA backend, each on
+ * every kernel family (FLASHC_CUDA_FAMILY "auto", sm90 on Hopper for D > 32,
+ * and "sm80"):
+ * - rows that see exactly one key (seqlen_k = 1 with ALiBi [B, H]; the window
+ *   (0, 0)), with dropout: dq and dk exactly 0;
+ * - a NaN in q: NaN out, lse and dq of its row and dk, dv of the keys it sees,
+ *   every other row and head exact;
+ * - params.scale_given = 1 with softmax_scale = 0: uniform attention.
+ * The GPU forward's out and lse feed the GPU backward; all are checked against
+ * the float64 reference on host copies (DEVELOPERS.md's rule, NaN-aware).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../../src/reference.h"
+#include "../fc_test.h"
+#include "../helpers.h" /* th_edge, th_nan_head */
+#include "gpu_helpers.h"
+
+static void ge_run(const void *param) {
+    const th_edge *c = (const th_edge *)param;
+    const flashc_dtype dt = c->dt, f32 = FLASHC_DTYPE_FP32;
+    const int64_t B = c->B, Sq = c->Sq, Sk = c->Sk, H = c->H, D = c->D;
+    const int64_t nq = B * Sq * H * D, nk = B * Sk * H * D, nl = B * H * Sq;
+    const size_t es = flashc_dtype_size(dt);
+    gb_family fam;
+    gb_family_enter(&fam, c->family);
+    gb_arena ar = {0};
+    flashc_params p = th_edge_params(c);
+    gb_buf *qb = gb_new(&ar, (size_t)nq * es), *kb = gb_new(&ar, (size_t)nk * es);
+    gb_buf *vb = gb_new(&ar, (size_t)nk * es), *dob = gb_new(&ar, (size_t)nq * es);
+    gb_buf *ob = gb_new(&ar, (size_t)nq * es), *lb = gb_new(&ar, (size_t)nl * 4);
+    gb_buf *dqb = gb_new(&ar, (size_t)nq * es), *dkb = gb_new(&ar, (size_t)nk * es);
+    gb_buf *dvb = gb_new(&ar, (size_t)nk * es), *ab = gb_new(&ar, (size_t)(B * H) * 4);
+    if (!qb || !kb || !vb || !dob || !ob || !lb || !dqb || !dkb || !dvb || !ab) goto done;
+    gb_fill(qb, dt, -3.0, 3.0);
+    gb_fill(kb, dt, -1.0, 1.0);
+    gb_fill(vb, dt, -1.0, 1.0);
+    gb_fill(dob, dt, -1.0, 1.0);
+    for (int64_t i = 0; i < B * H; i++) ((float *)ab->h)[i] = (float)fc_rand_uniform(0.01, 0.6);
+    if (c->nan_q) fc_poison((char *)qb->h + ((Sq / 2) * H + H - 1) * D * es, dt, 1);
+    if (!gb_upload(qb) || !gb_upload(kb) || !gb_upload(vb) || !gb_upload(dob) || !gb_upload(ab) ||
+        !gb_poison(ob) || !gb_poison(lb) || !gb_poison(dqb) || !gb_poison(dkb) || !gb_poison(dvb))
+        goto done;
+    {
+        int64_t qs[4] = {B, Sq, H, D}, ks[4] = {B, Sk, H, D}, ls[3] = {B, H, Sq}, as[2] = {B, H};
+        int64_t qst[4], kst[4], lst[3], ast[2] = {H, 1};
+        gb_contig_strides(4, qs, qst);
+        gb_contig_strides(4, ks, kst);
+        gb_contig_strides(3, ls, lst);
+        flashc_bwd_args x[2];
+        flashc_fwd_args f[2];
+        for (int dev = 0; dev < 2; dev++) {
+            flashc_bwd_args *a = &x[dev];
+            memset(a, 0, sizeof *a);
+            a->q = gb_view(qb, dev, dt, 0, 4, qs, qst);
+            a->k = gb_view(kb, dev, dt, 0, 4, ks, kst);
+            a->v = gb_view(vb, dev, dt, 0, 4, ks, kst);
+            a->dout = gb_view(dob, dev, dt, 0, 4, qs, qst);
+            a->out = gb_view(ob, dev, dt, 0, 4, qs, qst);
+            a->softmax_lse = gb_view(lb, dev, f32, 0, 3, ls, lst);
+            a->dq = gb_view(dqb, dev, dt, 0, 4, qs, qst);
+            a->dk = gb_view(dkb, dev, dt, 0, 4, ks, kst);
+            a->dv = gb_view(dvb, dev, dt, 0, 4, ks, kst);
+            if (c->alibi) a->alibi_slopes = gb_view(ab, dev, f32, 0, 2, as, ast);
+            memset(&f[dev], 0, sizeof f[dev]);
+            f[dev].q = a->q, f[dev].k = a->k, f[dev].v = a->v, f[dev].out = a->out;
+            f[dev].softmax_lse = a->softmax_lse, f[dev].alibi_slopes = a->alibi_slopes;
+        }
+        size_t fb = 0, bb = 0;
+        GB_OK(flashc_fwd_workspace_size(&f[1], &p, &fb));
+        void *fws = gb_ws(&ar, fb);
+        if (fb && !fws) goto done;
+        GB_OK(flashc_fwd(&f[1], &p, fws, fb));
+        GB_OK(flashc_bwd_workspace_size(&x[1], &p, &bb));
+        void *bws = gb_ws(&ar, bb);
+        if (bb && !bws) goto done;
+        GB_OK(flashc_bwd(&x[1], &p, bws, bb));
+        if (!gb_sync() || !gb_download(ob) || !gb_download(lb) || !gb_download(dqb) ||
+            !gb_download(dkb) || !gb_download(dvb))
+            goto done;
+        const int64_t n[5] = {nq, nl, nq, nk, nk};
+        static const char *const names[5] = {"out", "softmax_lse", "dq", "dk", "dv"};
+        const flashc_tensor *got[5] = {&x[0].out, &x[0].softmax_lse, &x[0].dq, &x[0].dk, &x[0].dv};
+        double *r[5], *l[5], *g[5];
+        for (int i = 0; i < 5; i++) {
+            r[i] = gb_dbl(&ar, n[i]), l[i] = gb_dbl(&ar, n[i]), g[i] = gb_dbl(&ar, n[i]);
+            if (!r[i] || !l[i] || !g[i]) goto done;
+            fc_tensor_to_double(got[i], g[i]);
+        }
+        GB_OK(fc_ref_fwd(&f[0], &p, FC_REF_F64, r[0], r[1], NULL));
+        GB_OK(fc_ref_fwd(&f[0], &p, FC_REF_LOWP, l[0], l[1], NULL));
+        GB_OK(fc_ref_bwd(&x[0], &p, FC_REF_F64, r[2], r[3], r[4]));
+        GB_OK(fc_ref_bwd(&x[0], &p, FC_REF_LOWP, l[2], l[3], l[4]));
+        if (c->nan_q)
+            for (int i = 3; i < 5; i++)
+                th_nan_head(names[i], g[i], r[i], l[i], Sq, Sk, H, D, c->wl, c->wr);
+        for (int i = 0; i < 5; i++) fc_check_close(names[i], i == 1 ? f32 : dt, g[i], r[i], l[i], n[i]);
+        if (c->one_key)
+            for (int i = 2; i < 4; i++) {
+                int64_t nz = 0;
+                for (int64_t e = 0; e < n[i]; e++) nz += g[i][e] != 0.0;
+                if (nz)
+                    fc_test_fail(__FILE__, __LINE__, "%s: %lld nonzero elements, all must be 0 "
+                                 "(one visible key per row)", names[i], (long long)nz);
+            }
+    }
+done:
+    gb_free(&ar);
+    gb_family_leave(&fam);
+}
+
+#define BF FLASHC_DTYPE_BF16
+#define HF FLASHC_DTYPE_FP16
+static const th_edge ge_shapes[] = {
+    {NULL, HF, 1, 339, 1, 12, 59, -1, -1, 0.17f, 1, .one_key = 1},
+    {NULL, BF, 1, 339, 1, 12, 192, -1, -1, 0.17f, 1, .one_key = 1},
+    {NULL, BF, 2, 140, 140, 3, 64, 0, 0, 0.17f, 0, .one_key = 1},
+    {NULL, HF, 2, 130, 130, 2, 128, 0, 0, 0.17f, 1, .one_key = 1},
+    {NULL, BF, 2, 77, 300, 3, 128, -1, -1, 0.0f, 0, .nan_q = 1},
+    {NULL, HF, 1, 90, 200, 2, 256, 30, 2, 0.0f, 1, .nan_q = 1},
+    {NULL, BF, 2, 100, 150, 2, 64, -1, -1, 0.0f, 0, .scale_zero = 1},
+    {NULL, HF, 1, 64, 64, 3, 128, 5, 0, 0.0f, 1, .scale_zero = 1},
+};
+#undef BF
+#undef HF
+#define GE_N (sizeof ge_shapes / sizeof ge_shapes[0])
+static th_edge ge_cases[2 * GE_N];
+
+FC_TEST_REGISTER(gpu_edge) {
+    static const char *const fams[2] = {"auto", "sm80"};
+    for (int f = 0; f < 2; f++)
+        for (size_t i = 0; i < GE_N; i++) {
+            th_edge *c = &ge_cases[f * GE_N + i];
+            *c = ge_shapes[i];
+            c->family = fams[f];
+            char name[128];
+            th_edge_name(name, sizeof name, "gpu_edge_", c);
+            fc_test_add(name, ge_run, c);
+        }
+}

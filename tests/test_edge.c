@@ -1,0 +1,121 @@
+/* test_edge.c : edge semantics of the CPU backend that flash_attn and PyTorch
+ * define and a tolerance test would not catch:
+ * - a row that sees exactly one key has P = 1 there, so dq of the row and its
+ *   share of dk are exactly 0 (a softmax over one element), dropout included
+ *   (where O = V / (1 - p) rounded to the dtype would leave a residue through
+ *   Delta = dO . O): seqlen_k = 1 with ALiBi [B, H] and deterministic, and the
+ *   window (0, 0), where every row sees only its diagonal key;
+ * - a NaN in q makes its row's out, lse and dq NaN, and dk, dv of the keys it
+ *   sees (PyTorch and flash_attn propagate it); every other row and head stays
+ *   exact;
+ * - params.scale_given = 1 with softmax_scale = 0: every score 0 before ALiBi,
+ *   so out is the mean of the visible values (flash_attn's softmax_scale=0.0).
+ * Each runs the library's forward and backward (not the reference's forward),
+ * checks against the float64 reference (which propagates NaN too), and for the
+ * one-key rows requires exact zeros.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "../src/reference.h"
+#include "fc_test.h"
+#include "helpers.h"
+
+static double ed_max_abs(const double *x, int64_t n) {
+    double m = 0.0;
+    for (int64_t i = 0; i < n; i++) m = fabs(x[i]) > m ? fabs(x[i]) : m;
+    return m;
+}
+
+static void ed_run(const void *param) {
+    const th_edge *c = (const th_edge *)param;
+    const flashc_dtype dt = c->dt;
+    const int64_t B = c->B, Sq = c->Sq, Sk = c->Sk, H = c->H, D = c->D;
+    const int64_t nq = B * Sq * H * D, nk = B * Sk * H * D, nl = B * H * Sq;
+    th_arena ar;
+    memset(&ar, 0, sizeof ar);
+    int64_t qs[4] = {B, Sq, H, D}, ks[4] = {B, Sk, H, D}, ls[3] = {B, H, Sq};
+    flashc_bwd_args a;
+    memset(&a, 0, sizeof a);
+    a.q = th_new(th_buf_in(&ar), dt, 4, qs, TH_CONTIG, -3.0, 3.0);
+    a.k = th_new(th_buf_in(&ar), dt, 4, ks, TH_CONTIG, -1.0, 1.0);
+    a.v = th_new(th_buf_in(&ar), dt, 4, ks, TH_CONTIG, -1.0, 1.0);
+    a.dout = th_new(th_buf_in(&ar), dt, 4, qs, TH_CONTIG, -1.0, 1.0);
+    a.alibi_slopes = th_alibi_new(th_buf_in(&ar), c->alibi, B, H);
+    if (c->nan_q) fc_poison((char *)a.q.data + ((Sq / 2) * H + H - 1) * D * flashc_dtype_size(dt), dt, 1);
+    th_buf *ob = th_buf_in(&ar), *lb = th_buf_in(&ar), *dqb = th_buf_in(&ar);
+    th_buf *dkb = th_buf_in(&ar), *dvb = th_buf_in(&ar);
+    a.out = th_new_out(ob, dt, 4, qs, TH_CONTIG);
+    a.softmax_lse = th_new_out(lb, FLASHC_DTYPE_FP32, 3, ls, TH_CONTIG);
+    a.dq = th_new_out(dqb, dt, 4, qs, TH_CONTIG);
+    a.dk = th_new_out(dkb, dt, 4, ks, TH_CONTIG);
+    a.dv = th_new_out(dvb, dt, 4, ks, TH_CONTIG);
+    flashc_params p = th_edge_params(c);
+
+    flashc_fwd_args f;
+    memset(&f, 0, sizeof f);
+    f.q = a.q, f.k = a.k, f.v = a.v, f.out = a.out, f.softmax_lse = a.softmax_lse;
+    f.alibi_slopes = a.alibi_slopes;
+    FC_ASSERT_OK(flashc_fwd(&f, &p, NULL, 0));
+    FC_ASSERT_OK(flashc_bwd(&a, &p, NULL, 0));
+
+    double *o64 = th_dbl(&ar, nq), *olp = th_dbl(&ar, nq), *l64 = th_dbl(&ar, nl);
+    double *llp = th_dbl(&ar, nl);
+    FC_ASSERT_OK(fc_ref_fwd(&f, &p, FC_REF_F64, o64, l64, NULL));
+    FC_ASSERT_OK(fc_ref_fwd(&f, &p, FC_REF_LOWP, olp, llp, NULL));
+    th_check("out", dt, &a.out, o64, olp);
+    th_check("softmax_lse", FLASHC_DTYPE_FP32, &a.softmax_lse, l64, llp);
+    if (c->nan_q) { /* the reference itself must say NaN for that row */
+        const double l = l64[(H - 1) * Sq + Sq / 2];
+        FC_EXPECT_TRUE(isnan(l));
+    }
+    double *dq64 = th_dbl(&ar, nq), *dqlp = th_dbl(&ar, nq), *dk64 = th_dbl(&ar, nk);
+    double *dklp = th_dbl(&ar, nk), *dv64 = th_dbl(&ar, nk), *dvlp = th_dbl(&ar, nk);
+    FC_ASSERT_OK(fc_ref_bwd(&a, &p, FC_REF_F64, dq64, dk64, dv64));
+    FC_ASSERT_OK(fc_ref_bwd(&a, &p, FC_REF_LOWP, dqlp, dklp, dvlp));
+    th_check("dq", dt, &a.dq, dq64, dqlp);
+    if (c->nan_q) {
+        double *dk = (double *)th_keep(&ar, th_to_double(&a.dk));
+        double *dv = (double *)th_keep(&ar, th_to_double(&a.dv));
+        th_nan_head("dk", dk, dk64, dklp, Sq, Sk, H, D, c->wl, c->wr);
+        th_nan_head("dv", dv, dv64, dvlp, Sq, Sk, H, D, c->wl, c->wr);
+        fc_check_close("dk", dt, dk, dk64, dklp, nk);
+        fc_check_close("dv", dt, dv, dv64, dvlp, nk);
+    } else {
+        th_check("dk", dt, &a.dk, dk64, dklp);
+        th_check("dv", dt, &a.dv, dv64, dvlp);
+    }
+    if (c->one_key) {
+        double *dq = (double *)th_keep(&ar, th_to_double(&a.dq));
+        double *dk = (double *)th_keep(&ar, th_to_double(&a.dk));
+        FC_EXPECT_TRUE(ed_max_abs(dq, nq) == 0.0);
+        FC_EXPECT_TRUE(ed_max_abs(dk, nk) == 0.0);
+    }
+    th_arena_free(&ar);
+}
+
+#define BF FLASHC_DTYPE_BF16
+#define HF FLASHC_DTYPE_FP16
+#define F32 FLASHC_DTYPE_FP32
+static const th_edge ed_cases[] = {
+    /* flash_attn's test shape: 339 queries on one key, ALiBi [B, H], dropout */
+    {NULL, HF, 1, 339, 1, 12, 59, -1, -1, 0.17f, 2, .one_key = 1},
+    {NULL, BF, 1, 339, 1, 12, 192, -1, -1, 0.17f, 2, .one_key = 1},
+    {NULL, BF, 2, 40, 40, 3, 64, 0, 0, 0.17f, 0, .one_key = 1},
+    {NULL, HF, 2, 33, 33, 2, 32, 0, 0, 0.0f, 1, .one_key = 1},
+    {NULL, BF, 2, 17, 23, 3, 32, -1, -1, 0.0f, 0, .nan_q = 1},
+    {NULL, F32, 1, 9, 30, 2, 16, 4, 2, 0.0f, 1, .nan_q = 1},
+    {NULL, BF, 2, 17, 23, 2, 64, -1, -1, 0.0f, 0, .scale_zero = 1},
+    {NULL, HF, 1, 20, 20, 3, 40, 5, 0, 0.0f, 2, .scale_zero = 1},
+};
+#undef BF
+#undef HF
+#undef F32
+
+FC_TEST_REGISTER(edge) {
+    for (size_t i = 0; i < sizeof ed_cases / sizeof ed_cases[0]; i++) {
+        char name[128];
+        th_edge_name(name, sizeof name, "edge_", &ed_cases[i]);
+        fc_test_add(name, ed_run, &ed_cases[i]);
+    }
+}
