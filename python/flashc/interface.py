@@ -25,6 +25,12 @@ Where flashc differs from flash_attn on purpose:
 - a backward through flash_attn_varlen_func with block_table raises FlashcError
   (the C varlen backward has no paged layout; flash_attn has no such backward either).
 
+As flash_attn and PyTorch do: window_size takes any pair of ints (negative or past
+every sequence: unbounded; _window), softmax_scale=0.0 is a scale of 0 (every score 0,
+uniform attention) and only None means 1/sqrt(headdim) (the library's default,
+params.scale_given), and a NaN input propagates. The ranks of the tensors, a head dim
+of 0 and integer tensors that are not int32 are rejected here, as FlashcArgumentError.
+
 Tensors with no elements (batch 0, seqlen 0, total 0) have a NULL data pointer in
 torch, which the library reads as an absent argument, so this module answers those
 calls itself, as flash_attn does: without keys out = 0 and softmax_lse = +inf, the
@@ -34,6 +40,7 @@ new keys to append, still goes to the library, which raises FlashcArgumentError
 (e.g. "k_cache.data is NULL").
 """
 import math
+import numbers
 from typing import Optional, Tuple
 
 import torch
@@ -85,8 +92,58 @@ def _run(entry, args, device, rename=None, **fields):
 
 
 def _mask_params(dropout_p, softmax_scale, causal, window_left, window_right, softcap):
-    return dict(dropout_p=dropout_p, softmax_scale=softmax_scale, causal=int(causal),
+    """params fields; softmax_scale None is the library's default 1/sqrt(headdim), any
+    number (0.0 included: uniform attention) is used as given."""
+    return dict(dropout_p=dropout_p, softmax_scale=0.0 if softmax_scale is None else softmax_scale,
+                scale_given=int(softmax_scale is not None), causal=int(causal),
                 window_left=window_left, window_right=window_right, softcap=softcap)
+
+
+# ---- arguments the Python layer checks (the library checks the rest) ----
+_INT32_MAX = 2 ** 31 - 1
+
+
+def _arg_error(message):
+    raise _lib.FlashcArgumentError(_lib.ERR_INVALID_ARG, message)
+
+
+def _window(window_size):
+    """(left, right) for the library from flash_attn's window_size: any pair of ints;
+    a negative side is unbounded (-1), and a side past every sequence (>= 2^31) is
+    clamped to 2^31 - 1, which the library treats as unbounded too."""
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        _arg_error("window_size=%r but must be a pair (left, right) of ints" % (window_size,))
+    sides = []
+    for i, w in enumerate((left, right)):
+        if isinstance(w, bool) or not isinstance(w, numbers.Integral):
+            _arg_error("window_size[%d]=%r but must be an int (-1 = unbounded)" % (i, w))
+        sides.append(-1 if w < 0 else min(int(w), _INT32_MAX))
+    return tuple(sides)
+
+
+def _scale(softmax_scale):
+    """softmax_scale as a float, or None (the default)."""
+    if softmax_scale is None:
+        return None
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        _arg_error("softmax_scale=%r but must be a number or None" % (softmax_scale,))
+    return float(softmax_scale)
+
+
+def _rank(fn, name, t, shapes):
+    """t (possibly None) has the rank of one of `shapes` (e.g. {4: "(batch, seqlen,
+    nheads, headdim)"}); its last dim, the head dim, is at least 1."""
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor):
+        _arg_error("%s: %s is a %s but must be a torch.Tensor" % (fn, name, type(t).__name__))
+    if t.dim() not in shapes:
+        _arg_error("%s: %s.dim()=%d but %s must be %s" % (
+            fn, name, t.dim(), name, " or ".join(shapes[r] for r in sorted(shapes))))
+    if t.shape[-1] == 0:
+        _arg_error("%s: %s.shape[-1]=0 but the head dim must be >= 1" % (fn, name))
 
 
 def _empty(shape, like, dtype=None):
@@ -120,7 +177,7 @@ def _no_grads(dq, dk, dv):
 # probs: fp32 [B, H, Sq, Sk] when return_probs, else [0]
 @_op("fwd")
 def _fwd(q: Tensor, k: Tensor, v: Tensor, alibi_slopes: Optional[Tensor], dropout_p: float,
-         softmax_scale: float, causal: bool, window_left: int, window_right: int,
+         softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
          softcap: float, return_probs: bool, seed: int, offset: int
          ) -> Tuple[Tensor, Tensor, Tensor]:
     out, lse, probs = _fwd_fake(q, k, v, alibi_slopes, dropout_p, softmax_scale, causal,
@@ -148,7 +205,7 @@ def _fwd_fake(q, k, v, alibi_slopes, dropout_p, softmax_scale, causal, window_le
 @_op("varlen_fwd")
 def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                 max_seqlen_q: int, max_seqlen_k: int, block_table: Optional[Tensor],
-                alibi_slopes: Optional[Tensor], dropout_p: float, softmax_scale: float,
+                alibi_slopes: Optional[Tensor], dropout_p: float, softmax_scale: Optional[float],
                 causal: bool, window_left: int, window_right: int, softcap: float,
                 return_probs: bool, seed: int, offset: int) -> Tuple[Tensor, Tensor, Tensor]:
     out, lse, probs = _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -180,7 +237,7 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 @_op("bwd", mutates_args=("dq", "dk", "dv"))
 def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,
          dq: Tensor, dk: Tensor, dv: Tensor, alibi_slopes: Optional[Tensor], dropout_p: float,
-         softmax_scale: float, causal: bool, window_left: int, window_right: int,
+         softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
          softcap: float, deterministic: bool, seed: int, offset: int) -> None:
     if _no_work(q, k, v, True):
         return _no_grads(dq, dk, dv)
@@ -197,7 +254,7 @@ def _varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                 softmax_lse: Tensor, dq: Tensor, dk: Tensor, dv: Tensor,
                 cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
                 max_seqlen_k: int, alibi_slopes: Optional[Tensor], dropout_p: float,
-                softmax_scale: float, causal: bool, window_left: int, window_right: int,
+                softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
                 softcap: float, deterministic: bool, seed: int, offset: int) -> None:
     if _no_work(q, k, v, False):
         return _no_grads(dq, dk, dv)
@@ -218,7 +275,7 @@ def _fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor
                  rotary_sin: Optional[Tensor], cache_seqlens: Optional[Tensor],
                  cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor],
                  block_table: Optional[Tensor], alibi_slopes: Optional[Tensor],
-                 softmax_scale: float, causal: bool, window_left: int, window_right: int,
+                 softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
                  softcap: float, rotary_interleaved: bool, num_splits: int
                  ) -> Tuple[Tensor, Tensor]:
     out, lse = _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
@@ -304,8 +361,6 @@ class _FlashAttnFunc(torch.autograd.Function):
                 softcap, alibi_slopes, deterministic, return_probs):
         axis = 2 if varlen is None else 1
         q, k, v = _split(packing, a, b, c, axis)
-        if softmax_scale is None:
-            softmax_scale = q.shape[-1] ** (-0.5)
         mask = (dropout_p, softmax_scale, causal, window_size[0], window_size[1], softcap)
         return_probs = return_probs and (q.device.type == "cpu" or dropout_p > 0)
         if varlen is None:
@@ -340,11 +395,30 @@ class _FlashAttnFunc(torch.autograd.Function):
         return (None,) + grads + (None,) * 9
 
 
-def _attn(packing, a, b, c, varlen, dropout_p, softmax_scale, causal, window_size, softcap,
+_BSHD = "(batch, seqlen, nheads, headdim)"
+_THD = "(total, nheads, headdim)"
+
+
+def _attn(fn, packing, a, b, c, varlen, dropout_p, softmax_scale, causal, window_size, softcap,
           alibi_slopes, deterministic, return_attn_probs):
-    out, lse, probs = _FlashAttnFunc.apply(packing, a, b, c, varlen, dropout_p, softmax_scale,
-                                           causal, tuple(window_size), softcap, alibi_slopes,
-                                           deterministic, return_attn_probs)
+    if packing == "qkv":
+        _rank(fn, "qkv", a, {5: "(batch, seqlen, 3, nheads, headdim)"} if varlen is None else
+              {4: "(total, 3, nheads, headdim)"})
+    else:
+        _rank(fn, "q", a, {4: _BSHD} if varlen is None else {3: _THD})
+        if packing == "kv":
+            _rank(fn, "kv", b, {5: "(batch, seqlen, 2, nheads, headdim)"} if varlen is None else
+                  {4: "(total, 2, nheads, headdim)"})
+        else:
+            shapes = ({4: _BSHD} if varlen is None else
+                      {3: _THD} if varlen[4] is None else
+                      {3: _THD, 4: "(num_blocks, page_size, nheads, headdim)"})
+            _rank(fn, "k", b, shapes)
+            _rank(fn, "v", c, shapes)
+    out, lse, probs = _FlashAttnFunc.apply(packing, a, b, c, varlen, dropout_p,
+                                           _scale(softmax_scale), causal, _window(window_size),
+                                           softcap, alibi_slopes, deterministic,
+                                           return_attn_probs)
     return (out, lse, probs) if return_attn_probs else out
 
 
@@ -367,21 +441,21 @@ _COMMON_DOC = """
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_attn_probs=False):
-    return _attn("", q, k, v, None, dropout_p, softmax_scale, causal, window_size, softcap,
+    return _attn("flash_attn_func", "", q, k, v, None, dropout_p, softmax_scale, causal, window_size, softcap,
                  alibi_slopes, deterministic, return_attn_probs)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                               deterministic=False, return_attn_probs=False):
-    return _attn("qkv", qkv, None, None, None, dropout_p, softmax_scale, causal, window_size,
+    return _attn("flash_attn_qkvpacked_func", "qkv", qkv, None, None, None, dropout_p, softmax_scale, causal, window_size,
                  softcap, alibi_slopes, deterministic, return_attn_probs)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                              deterministic=False, return_attn_probs=False):
-    return _attn("kv", q, kv, None, None, dropout_p, softmax_scale, causal, window_size,
+    return _attn("flash_attn_kvpacked_func", "kv", q, kv, None, None, dropout_p, softmax_scale, causal, window_size,
                  softcap, alibi_slopes, deterministic, return_attn_probs)
 
 
@@ -390,7 +464,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None):
     varlen = (cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), block_table)
-    return _attn("", q, k, v, varlen, dropout_p, softmax_scale, causal, window_size, softcap,
+    return _attn("flash_attn_varlen_func", "", q, k, v, varlen, dropout_p, softmax_scale, causal, window_size, softcap,
                  alibi_slopes, deterministic, return_attn_probs)
 
 
@@ -399,7 +473,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      softcap=0.0, alibi_slopes=None, deterministic=False,
                                      return_attn_probs=False):
     varlen = (cu_seqlens, cu_seqlens, int(max_seqlen), int(max_seqlen), None)
-    return _attn("qkv", qkv, None, None, varlen, dropout_p, softmax_scale, causal, window_size,
+    return _attn("flash_attn_varlen_qkvpacked_func", "qkv", qkv, None, None, varlen, dropout_p, softmax_scale, causal, window_size,
                  softcap, alibi_slopes, deterministic, return_attn_probs)
 
 
@@ -409,7 +483,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                     alibi_slopes=None, deterministic=False,
                                     return_attn_probs=False):
     varlen = (cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), None)
-    return _attn("kv", q, kv, None, varlen, dropout_p, softmax_scale, causal, window_size,
+    return _attn("flash_attn_varlen_kvpacked_func", "kv", q, kv, None, varlen, dropout_p, softmax_scale, causal, window_size,
                  softcap, alibi_slopes, deterministic, return_attn_probs)
 
 
@@ -445,19 +519,25 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_batch_idx: int32 (batch,), cache row of each batch entry; cache_leftpad: int32
     (batch,), first key row of each. No backward. Returns out, or (out, softmax_lse)
     with return_softmax_lse."""
+    fn = "flash_attn_with_kvcache"
+    _rank(fn, "q", q, {4: _BSHD})
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _rank(fn, name, t, {4: "(batch_cache, seqlen_cache, nheads_k, headdim) or paged "
+                               "(num_blocks, page_size, nheads_k, headdim)"})
         if t.stride(-1) != 1:
             raise _lib.FlashcArgumentError(_lib.ERR_INVALID_ARG, "%s.stride(-1)=%d but the "
                                            "cache is updated in place and must have a "
                                            "contiguous last dimension" % (name, t.stride(-1)))
+    for name, t in (("k", k), ("v", v)):
+        _rank(fn, name, t, {4: "(batch, seqlen_new, nheads_k, headdim)"})
+    window_left, window_right = _window(window_size)
+    softmax_scale = _scale(softmax_scale)
     q, k, v, rotary_cos, rotary_sin = (_maybe_contiguous(t)
                                        for t in (q, k, v, rotary_cos, rotary_sin))
-    if softmax_scale is None:
-        softmax_scale = q.shape[-1] ** (-0.5)
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.tensor(cache_seqlens, dtype=torch.int32, device=k_cache.device)
     out, lse = _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                             cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
-                            softmax_scale, causal, window_size[0], window_size[1], softcap,
+                            softmax_scale, causal, window_left, window_right, softcap,
                             rotary_interleaved, num_splits)
     return (out, lse) if return_softmax_lse else out
