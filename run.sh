@@ -13,5 +13,4 @@ cmake --build build -j"$jobs"
 ./build/flashc info
 shape=(--batch 1 --seqlen 2048 --heads 8 --headdim 128 --dtype bf16 --causal --check)
 ./build/flashc bench "${shape[@]}" --mode fwd "$@"
-# The CUDA backend has no backward kernels yet (issue 4): the backward runs on the CPU.
-./build/flashc bench "${shape[@]}" --mode bwd --backend cpu "$@"
+./build/flashc bench "${shape[@]}" --mode bwd "$@"

@@ -98,6 +98,11 @@ int fc_test_failed(void);
         }                                                                           \
     } while (0)
 
+/* Why the cases of this binary cannot run here, or NULL (a weak default in
+ * run.c; the GPU tests override it). A reason makes the runner print it and
+ * exit with 77, ctest's "skipped". */
+const char *fc_test_skip_reason(void);
+
 /* ---- numeric comparison by the tolerance rule (DEVELOPERS.md) ---- */
 /* max |x - ref| over n doubles; NaN anywhere in x gives +inf. */
 double fc_max_abs_err(const double *x, const double *ref, int64_t n);

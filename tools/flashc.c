@@ -489,6 +489,16 @@ static void fc_cuda_check(cudaError_t e, const char *what) {
 static int fc_cuda_open(fc_place *pl) {
     int n = 0, major = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice) {
+        /* what the runtime answers when no NVIDIA driver is loaded, or no GPU is there */
+        int rt = 0;
+        cudaRuntimeGetVersion(&rt);
+        fprintf(stderr, "flashc bench: --backend cuda: no CUDA device or driver is present on this "
+                        "machine (%s: no GPU, no NVIDIA driver loaded, or a driver older than "
+                        "this build's CUDA runtime %d.%d)\n",
+                cudaGetErrorName(e), rt / 1000, rt % 1000 / 10);
+        return 0;
+    }
     if (e != cudaSuccess) {
         fprintf(stderr, "flashc bench: --backend cuda: no usable CUDA device: cudaGetDeviceCount: %s (%s)\n",
                 cudaGetErrorString(e), cudaGetErrorName(e));
