@@ -1,12 +1,15 @@
-// traits.h : the one tuning table of the CUDA forward kernels, and the sizes
-// derived from it.
+// traits.h : the tuning tables of the CUDA kernels (the one place their tile
+// sizes are chosen), and the sizes derived from them. Four tables, each in
+// its own section: the forward and the backward of the sm80 family (which
+// also runs on sm90), and of the sm90 family (wgmma, sm_90a only).
+// tools/gen_instances.py and tools/gen_wgmma.py read their rows.
 //
-// One row per head dim D of the sm80 family (sm80/fwd_kernel.cuh; it also runs
-// on sm90): the query tile Br, the key tile Bc, the warps of a CTA, the K/V
-// pipeline depth, and whether the Q tile stays in registers for the whole KV
-// loop (else it is re-read from shared memory by ldmatrix at every K tile, as
-// FA2 does when registers are short). A problem head dim that is not a row runs
-// with the next larger row, zero-padded.
+// The sm80 forward, first: one row per head dim D (sm80/fwd_kernel.cuh): the
+// query tile Br, the key tile Bc, the warps of a CTA, the K/V pipeline depth,
+// and whether the Q tile stays in registers for the whole KV loop (else it is
+// re-read from shared memory by ldmatrix at every K tile, as FA2 does when
+// registers are short). A problem head dim that is not a row runs with the
+// next larger row, zero-padded.
 //
 // Stages: the K ring and the V ring each hold kStages tiles. With 1 the kernel
 // runs FA2's interleave (V(n) loads under S(n) = Q K(n)^T, K(n+1) under
@@ -186,7 +189,7 @@ struct fc_sm80_bwd_traits : fc_sm80_bwd_tile<D> {
 // CTA at 128 registers a thread). Every operand tile is stored in wgmma's
 // 128-byte-swizzled K-major layout, in column blocks of 64 elements, so D must
 // be a multiple of 64; other head dims run zero-padded on the next row
-// (launch.cu), and D <= 32 stays on the sm80 family.
+// (fwd.cu), and D <= 32 stays on the sm80 family.
 // Registers per thread: O D/2 + S Bc/2 + P Bc/4 fp32/b32 (wgmma m64nN
 // accumulators hold N/2 per thread). Shared memory: Q Br*D*2 + K, V 2 * stages
 // * Bc*D*2 bytes, + 1 KB to align the base to 1024 bytes (the swizzle atom).
@@ -258,7 +261,7 @@ struct fc_sm90_fwd_traits : fc_sm90_fwd_tile<D> {
 // reduction), lse2 and delta stages Br 4 each, + 1 KB for the 1024-byte
 // alignment. With one stage the next query block loads while dQ computes;
 // with two, a whole iteration ahead. Other head dims than the rows' run
-// zero-padded on the next row (launch.cu), as in the forward.
+// zero-padded on the next row (bwd.cu), as in the forward.
 #ifndef FC_SM90_BWD_TILES
 //   X(D,  Br,  Bc,  Q stages)
 #define FC_SM90_BWD_TILES(X) \
@@ -286,6 +289,10 @@ struct fc_sm90_bwd_traits : fc_sm90_bwd_tile<D> {
     static constexpr int kD = D;
     static constexpr int kBr = tile::kBr, kBc = tile::kBc, kQStages = tile::kQStages;
     static constexpr int kThreads = 256;  // two warpgroups
+    // __launch_bounds__ minBlocks: one CTA per SM, so a thread may use all
+    // 255 registers (256 x 255 < 64K); every row's shared memory is over half
+    // the SM's anyway.
+    static constexpr int kCtasPerSm = 1;
     // Bc = 64: the warpgroups split S^T by queries and dK, dV by columns
     static constexpr bool kColSplit = kBc == 64;
     static constexpr int kSN = kColSplit ? kBr / 2 : kBr;  // S^T, dP^T columns per warpgroup
@@ -310,6 +317,8 @@ struct fc_sm90_bwd_traits : fc_sm90_bwd_tile<D> {
     static_assert(kBr <= kFcBwdPadRows, "Br must not exceed the scratch pad rows");
     static_assert(kDQN % 64 == 0, "each warpgroup's dQ columns: whole 64-column blocks");
     static_assert(kSmemBytes <= FC_SM90_SMEM_LIMIT, "shared memory must fit 227 KB (sm90)");
+    static_assert(kCtasPerSm >= 1 && kCtasPerSm * kSmemBytes <= FC_SM90_SMEM_LIMIT,
+                  "the CTAs per SM must fit the SM's shared memory");
     static_assert(kAccRegs <= 192 && kKN + kDQN / 2 <= 192,
                   "accumulators leave too few of the 255 registers");
 };
