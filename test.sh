@@ -5,7 +5,9 @@
 # GPU), rebuilds with ASan + UBSan and runs the CPU test suite there, runs the Python
 # package's tests (pytest, in a venv with PyPI's torch that scripts/venv.sh makes once
 # in .venv) against the Release library, and ends with the C suite in Release.
-# First it checks that the files and functions docs/ names exist (tools/check_docs.py).
+# First it checks that the files and functions docs/ names exist (tools/check_docs.py)
+# and that the generated CUDA sources are what the generators make from the tuning
+# tables now (tools/gen_instances.py --check, tools/gen_wgmma.py --check).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -13,6 +15,10 @@ source scripts/deps.sh
 
 echo "== docs: every file and function docs/ names exists =="
 python3 tools/check_docs.py
+
+echo "== generated files: src/cuda/*/inst and wgmma_ops.cuh are current =="
+python3 tools/gen_instances.py --check
+python3 tools/gen_wgmma.py --check
 
 echo "== build (Release) =="
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release

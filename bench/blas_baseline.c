@@ -32,10 +32,10 @@
  * converted to fp32 per head (inside the timed region), computed in fp32, and
  * the results rounded back to bf16.
  *
- * FLOPs use flash-attention's convention, the same as tools/flashc.c's
- * fc_flops(): forward 4*B*H*Sq*Sk*D, halved when causal, backward 2.5x. The
- * causal baseline still computes the full Sq x Sk GEMMs, so its rate is an
- * effective one, as flashc's is.
+ * FLOPs are flash-attention's, counted by cli/flops.h as `flashc bench` counts
+ * them: forward 4*B*H*Sq*Sk*D, halved when causal, backward 2.5x. The causal
+ * baseline still computes the full Sq x Sk GEMMs, so its rate is an effective
+ * one, as flashc's is.
  *
  * Not here: GQA, Sq != Sk, dropout, softcap, windows (the sweep uses none).
  *
@@ -55,6 +55,8 @@
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "../cli/flops.h"
 
 // ---- options ----
 
@@ -162,14 +164,13 @@ static void *bl_xmalloc(size_t bytes) {
     return p;
 }
 
-/* Same convention as tools/flashc.c fc_flops(). */
+/* cli/flops.h's count, without a window. */
 static double bl_flops(const bl_opts *o) {
-    double pairs = (double)o->seqlen * (double)o->seqlen * (o->causal ? 0.5 : 1.0);
-    double fwd = 4.0 * (double)o->batch * (double)o->heads * pairs * (double)o->head_dim;
-    return o->bwd ? 2.5 * fwd : fwd;
+    double pairs = fc_visible_pairs(o->seqlen, o->seqlen, o->causal, 0, -1, -1);
+    return fc_flops(o->batch, o->heads, pairs, o->head_dim, o->bwd ? FC_MODE_BWD : FC_MODE_FWD);
 }
 
-/* Same convention as tools/flashc.c fc_bytes(). */
+/* Same convention as cli/bench.c fc_bytes(). */
 static double bl_bytes(const bl_opts *o) {
     double es = o->bf16 ? 2.0 : 4.0;
     double t = (double)o->batch * o->seqlen * o->heads * o->head_dim * es;

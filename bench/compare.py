@@ -18,7 +18,7 @@ causal. GB/s counts q, k, v read and out written once.
 flashc is called through ctypes on libflashc.so (--lib) with the tensors' device
 pointers, using the Python package's binding module (python/flashc/_lib.py).
 CSV columns are those of `flashc bench --csv`; backends: flashc (the kernel family
-launch.cu picks: sm90 on an H100/H200), flashc-sm80 (FLASHC_CUDA_FAMILY=sm80: the
+src/cuda/plan.cu:fc_cuda_family picks: sm90 on an H100/H200), flashc-sm80 (FLASHC_CUDA_FAMILY=sm80: the
 FA2-algorithm kernels), sdpa-flash, sdpa-cudnn (--backends times a subset, e.g.
 flashc alone for a tuning variant with --lib; max_err is always against an
 untimed sdpa-flash call).
@@ -65,7 +65,7 @@ class Flashc:
         self.lib = _lib.lib
 
     def fwd(self, q, k, v, out, lse, causal, family="auto"):
-        os.environ["FLASHC_CUDA_FAMILY"] = family  # read by launch.cu at every call
+        os.environ["FLASHC_CUDA_FAMILY"] = family  # read by plan.cu:fc_cuda_family at every call
         a = self.b.FwdArgs()
         a.q, a.k, a.v, a.out, a.softmax_lse = (self.b.describe(t, "t") for t in (q, k, v, out, lse))
         p = self.lib.flashc_params_default()
@@ -149,8 +149,11 @@ def time_ms(fn, reps, warmup=3):
 
 
 def flops(b, h, sq, sk, d, causal, mode="fwd"):
-    f = 4.0 * b * h * sq * sk * d * {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}[mode]
-    return f / 2 if causal else f
+    """flash-attention's FLOP count, the formula of cli/flops.h (fc_flops, as `flashc bench`
+    counts): 4*B*H*pairs*D for the forward, pairs = Sq*Sk halved when causal; the backward
+    2.5x, forward + backward 3.5x. (No windows here: compare.py runs none.)"""
+    pairs = sq * sk / 2 if causal else sq * sk
+    return 4.0 * b * h * pairs * d * {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}[mode]
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -36,7 +36,7 @@ if has build; then
   ./build/flashc info | tee "$out/info.txt"
 fi
 
-# Kernel families: "auto" is what launch.cu picks (sm90 on an H100/H200 for
+# Kernel families: "auto" is what src/cuda/plan.cu:fc_cuda_family picks (sm90 on an H100/H200 for
 # D > 32), "sm80" forces the FA2 kernels (FLASHC_CUDA_FAMILY).
 families=${FAMILIES:-auto sm80}
 

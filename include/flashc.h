@@ -10,13 +10,13 @@
  * One complete call sequence (batched forward, bf16, causal):
  *
  *     int64_t qs[4] = {B, S, H, D}, ks[4] = {B, S, Hk, D}, ls[3] = {B, H, S};
- *     flashc_fwd_args a = {0};                       // every optional tensor absent
+ *     flashc_fwd_args a = FLASHC_ARGS_INIT;          // every optional tensor absent
  *     a.q   = flashc_tensor_contiguous(q,   FLASHC_DTYPE_BF16, 4, qs, FLASHC_DEVICE_CPU);
  *     a.k   = flashc_tensor_contiguous(k,   FLASHC_DTYPE_BF16, 4, ks, FLASHC_DEVICE_CPU);
  *     a.v   = flashc_tensor_contiguous(v,   FLASHC_DTYPE_BF16, 4, ks, FLASHC_DEVICE_CPU);
  *     a.out = flashc_tensor_contiguous(out, FLASHC_DTYPE_BF16, 4, qs, FLASHC_DEVICE_CPU);
  *     a.softmax_lse = flashc_tensor_contiguous(lse, FLASHC_DTYPE_FP32, 3, ls, FLASHC_DEVICE_CPU);
- *     flashc_params p = flashc_params_default();
+ *     flashc_params p = {0};                         // flash_attn's defaults
  *     p.causal = 1;
  *     size_t bytes = 0;
  *     flashc_status s = flashc_fwd_workspace_size(&a, &p, &bytes);
@@ -45,7 +45,15 @@
  *   device they are not read on the host (that would synchronise); the kernels
  *   clamp what they read instead, so that no value can make them touch memory
  *   outside the tensors or fault the device ("Metadata on the GPU" below).
- * - params == NULL means flashc_params_default(); args == NULL is an error.
+ * - params == NULL means flashc_params_default(), which is all zeros; args ==
+ *   NULL is an error.
+ * - Every struct the library reads through a pointer (the args structs,
+ *   flashc_allocator, flashc_cuda_device_info) starts with `abi`, which the
+ *   caller sets to FLASHC_ABI_VERSION (FLASHC_ARGS_INIT does): the library
+ *   rejects any other value with FLASHC_ERR_INVALID_ARG naming both versions,
+ *   so a program compiled against another flashc.h fails clearly instead of
+ *   having its structs misread. flashc_params travels with its args and has
+ *   no `abi` of its own.
  * - The CUDA backend runs every entry point for fp16 and bf16 (fp32 and
  *   attn_probs are CPU-only). Its backward keeps an fp32 dQ accumulator and
  *   per-row scratch in the workspace (4 * H * (rows + 128 per sequence) * D
@@ -92,7 +100,7 @@ extern "C" {
 
 /* ---- version ---- */
 #define FLASHC_VERSION_MAJOR 0
-#define FLASHC_VERSION_MINOR 2
+#define FLASHC_VERSION_MINOR 3
 #define FLASHC_VERSION_PATCH 0
 #define FLASHC_VERSION_NUMBER \
     (FLASHC_VERSION_MAJOR * 10000 + FLASHC_VERSION_MINOR * 100 + FLASHC_VERSION_PATCH)
@@ -101,6 +109,20 @@ extern "C" {
 FLASHC_API const char *flashc_version(void);
 /* flashc_version_number() : FLASHC_VERSION_NUMBER of the library that is linked. */
 FLASHC_API unsigned flashc_version_number(void);
+
+/* The layout and meaning of the structs of this header: bumped whenever one of
+ * them changes (2: flashc 0.2's scale_given; 3: flashc 0.3's abi fields,
+ * zero-default windows and rotary). */
+#define FLASHC_ABI_VERSION 3
+/* The initialiser of every args struct (and of flashc_cuda_device_info): the
+ * ABI version, every tensor absent. */
+#if defined(__cplusplus) && __cplusplus < 202002L
+#define FLASHC_ARGS_INIT {FLASHC_ABI_VERSION}
+#else
+#define FLASHC_ARGS_INIT {.abi = FLASHC_ABI_VERSION}
+#endif
+/* flashc_abi_version() : FLASHC_ABI_VERSION of the library that is linked. */
+FLASHC_API unsigned flashc_abi_version(void);
 
 /* ---- status codes (pinned values; the list only grows) ---- */
 #define FLASHC_STATUS_LIST(X)                                           \
@@ -174,16 +196,26 @@ FLASHC_API flashc_tensor flashc_tensor_contiguous(void *data, flashc_dtype dtype
                                                   const int64_t *shape, flashc_device device);
 
 /* ---- parameters ---- */
-/* Every option of flash_attn 2.x. Start from flashc_params_default() or
- * FLASHC_PARAMS_INIT; new fields are added at the end (and bump the minor version). */
+/* Every option of flash_attn 2.x. A zero-initialised flashc_params ({0},
+ * flashc_params_default(), FLASHC_PARAMS_INIT) is flash_attn's defaults: scale
+ * 1/sqrt(head_dim), no mask, no window, no softcap, no dropout, the fast
+ * (non-deterministic) backward, interleaved rotary, the backend of the
+ * tensors' device, the default stream. */
 typedef struct flashc_params {
     float softmax_scale;       /* >= 0; 0 means 1/sqrt(head_dim) unless scale_given = 1 */
+    int32_t scale_given;       /* 0 or 1: 1 = softmax_scale is the scale as given, 0
+                                  included (flash_attn's softmax_scale=0.0: every score 0
+                                  before ALiBi, so uniform attention over the visible keys) */
     int32_t causal;            /* 0 or 1; with Sq != Sk the mask is aligned to the
                                   bottom-right corner: query i sees key j iff
-                                  j <= i + Sk - Sq. Same as window_right = 0. */
-    int32_t window_left;       /* >= -1: query i sees key j only if j >= i + Sk - Sq - left;
-                                  -1 = unbounded */
-    int32_t window_right;      /* >= -1: ... and only if j <= i + Sk - Sq + right; -1 = unbounded */
+                                  j <= i + Sk - Sq. Same as a window with right = 0. */
+    int32_t windowed;          /* 0 or 1: 1 = a sliding window (flash_attn's window_size)
+                                  given by window_left and window_right; 0 = none, and
+                                  both must then be 0 (or -1) */
+    int32_t window_left;       /* windowed, >= -1: query i sees key j only if
+                                  j >= i + Sk - Sq - left; -1 = unbounded */
+    int32_t window_right;      /* windowed, >= -1: ... and only if j <= i + Sk - Sq + right;
+                                  -1 = unbounded (causal = 1 makes it 0) */
     float softcap;             /* >= 0; > 0 replaces each scaled score s by
                                   softcap * tanh(s / softcap); 0 = off */
     float dropout_p;           /* [0, 1): probability of dropping an attention
@@ -191,25 +223,20 @@ typedef struct flashc_params {
     uint64_t dropout_seed;     /* Philox key; see "dropout" below */
     uint64_t dropout_offset;   /* Philox counter offset */
     int32_t deterministic;     /* backward: 1 = bitwise-reproducible gradients */
-    int32_t rotary_interleaved;/* kvcache rotary: 1 = rotate pairs (x[2i], x[2i+1]) (GPT-J),
-                                  0 = rotate halves (x[i], x[i + rotary_dim/2]) (GPT-NeoX) */
+    int32_t rotary_halves;     /* kvcache rotary: 0 = rotate pairs (x[2i], x[2i+1]) (GPT-J,
+                                  flash_attn's rotary_interleaved=True), 1 = rotate halves
+                                  (x[i], x[i + rotary_dim/2]) (GPT-NeoX) */
     int32_t num_splits;        /* kvcache: >= 0 splits of the keys; 0 = heuristic. Results
                                   do not depend on it beyond rounding; the CUDA decode
                                   kernel caps it at 128 and at the cache's key tiles */
     flashc_backend backend;    /* AUTO picks the backend of the tensors' device */
     void *stream;              /* cudaStream_t for the CUDA backend; NULL = default stream */
-    int32_t scale_given;       /* 0 or 1 (since 0.2): 1 = softmax_scale is the scale as given,
-                                  0 included (flash_attn's softmax_scale=0.0: every score 0
-                                  before ALiBi, so uniform attention over the visible keys);
-                                  0 = softmax_scale 0 means 1/sqrt(head_dim) */
 } flashc_params;
 
-/* flash_attn's defaults: scale 1/sqrt(D), no mask, no window, no softcap, no
- * dropout, non-deterministic backward allowed, rotary interleaved (as flash_attn). */
-#define FLASHC_PARAMS_INIT \
-    { 0.0f, 0, -1, -1, 0.0f, 0.0f, 0u, 0u, 0, 1, 0, FLASHC_BACKEND_AUTO, NULL, 0 }
+/* The defaults as an initialiser: all zeros. */
+#define FLASHC_PARAMS_INIT {0}
 
-/* flashc_params_default() : FLASHC_PARAMS_INIT as a value. */
+/* flashc_params_default() : the defaults as a value (all zeros). */
 FLASHC_API flashc_params flashc_params_default(void);
 
 /* Dropout. Element (b, h, i, j) (batch or varlen sequence b, query head h, query
@@ -233,6 +260,7 @@ FLASHC_API flashc_params flashc_params_default(void);
  * attn_probs: optional fp32 [B, H, Sq, Sk], for tests: the softmax probabilities
  *   (before dropout), negated where dropout dropped the element */
 typedef struct flashc_fwd_args {
+    uint32_t abi; /* FLASHC_ABI_VERSION */
     flashc_tensor q, k, v;
     flashc_tensor out;
     flashc_tensor softmax_lse;
@@ -246,10 +274,14 @@ typedef struct flashc_fwd_args {
  *   FLASHC_ERR_WORKSPACE_TOO_SMALL, FLASHC_ERR_OUT_OF_MEMORY, FLASHC_ERR_CUDA. */
 FLASHC_API flashc_status flashc_fwd(const flashc_fwd_args *args, const flashc_params *params,
                                     void *workspace, size_t workspace_bytes);
+/* flashc_fwd_workspace_size() : the workspace flashc_fwd needs for these
+ * arguments; fails as flashc_fwd_supported does, so it never answers OK for a
+ * call the run would refuse. */
 FLASHC_API flashc_status flashc_fwd_workspace_size(const flashc_fwd_args *args,
                                                    const flashc_params *params, size_t *bytes);
 /* flashc_fwd_supported() : FLASHC_OK if flashc_fwd would run these arguments;
- * the same validation and kernel selection as the run path, nothing written. */
+ * the same validation and kernel selection as the run path, nothing written.
+ * Every entry point has this pair, *_workspace_size and *_supported. */
 FLASHC_API flashc_status flashc_fwd_supported(const flashc_fwd_args *args,
                                               const flashc_params *params);
 
@@ -270,6 +302,7 @@ FLASHC_API flashc_status flashc_fwd_supported(const flashc_fwd_args *args,
  * attn_probs: optional fp32 [B, H, max_seqlen_q, max_seqlen_k] (rows/cols past a
  *   sequence's lengths are written 0) */
 typedef struct flashc_varlen_fwd_args {
+    uint32_t abi; /* FLASHC_ABI_VERSION */
     flashc_tensor q, k, v;
     flashc_tensor out;
     flashc_tensor cu_seqlens_q, cu_seqlens_k;
@@ -289,6 +322,8 @@ FLASHC_API flashc_status flashc_varlen_fwd(const flashc_varlen_fwd_args *args,
 FLASHC_API flashc_status flashc_varlen_fwd_workspace_size(const flashc_varlen_fwd_args *args,
                                                           const flashc_params *params,
                                                           size_t *bytes);
+FLASHC_API flashc_status flashc_varlen_fwd_supported(const flashc_varlen_fwd_args *args,
+                                                     const flashc_params *params);
 
 /* ---- backward, batched ---- */
 /* dout, q, out, dq: [B, Sq, H, D]  k, v, dk, dv: [B, Sk, Hk, D]
@@ -298,6 +333,7 @@ FLASHC_API flashc_status flashc_varlen_fwd_workspace_size(const flashc_varlen_fw
  * query group. params.deterministic = 1 makes dq, dk, dv bitwise identical from
  * run to run (the CPU backend always is). */
 typedef struct flashc_bwd_args {
+    uint32_t abi; /* FLASHC_ABI_VERSION */
     flashc_tensor dout, q, k, v, out;
     flashc_tensor softmax_lse;
     flashc_tensor dq, dk, dv;
@@ -309,11 +345,14 @@ FLASHC_API flashc_status flashc_bwd(const flashc_bwd_args *args, const flashc_pa
                                     void *workspace, size_t workspace_bytes);
 FLASHC_API flashc_status flashc_bwd_workspace_size(const flashc_bwd_args *args,
                                                    const flashc_params *params, size_t *bytes);
+FLASHC_API flashc_status flashc_bwd_supported(const flashc_bwd_args *args,
+                                              const flashc_params *params);
 
 /* ---- backward, variable length ---- */
 /* dout, q, out, dq: [total_q, H, D]  k, v, dk, dv: [total_k, Hk, D]
  * softmax_lse: fp32 [H, total_q]; cu_seqlens and max_seqlen as in the forward. */
 typedef struct flashc_varlen_bwd_args {
+    uint32_t abi; /* FLASHC_ABI_VERSION */
     flashc_tensor dout, q, k, v, out;
     flashc_tensor softmax_lse;
     flashc_tensor dq, dk, dv;
@@ -330,6 +369,8 @@ FLASHC_API flashc_status flashc_varlen_bwd(const flashc_varlen_bwd_args *args,
 FLASHC_API flashc_status flashc_varlen_bwd_workspace_size(const flashc_varlen_bwd_args *args,
                                                           const flashc_params *params,
                                                           size_t *bytes);
+FLASHC_API flashc_status flashc_varlen_bwd_supported(const flashc_varlen_bwd_args *args,
+                                                     const flashc_params *params);
 
 /* ---- forward over a KV cache (decode) ---- */
 /* q: [B, Sq, H, D]
@@ -359,6 +400,7 @@ FLASHC_API flashc_status flashc_varlen_bwd_workspace_size(const flashc_varlen_bw
  * below 2^30; the append runs before the attention on params.stream, and the
  * query heads of each KV head are processed together, each KV byte read once. */
 typedef struct flashc_kvcache_args {
+    uint32_t abi; /* FLASHC_ABI_VERSION */
     flashc_tensor q;
     flashc_tensor k_cache, v_cache;
     flashc_tensor k_new, v_new;
@@ -380,6 +422,8 @@ FLASHC_API flashc_status flashc_fwd_kvcache(const flashc_kvcache_args *args,
 FLASHC_API flashc_status flashc_fwd_kvcache_workspace_size(const flashc_kvcache_args *args,
                                                            const flashc_params *params,
                                                            size_t *bytes);
+FLASHC_API flashc_status flashc_fwd_kvcache_supported(const flashc_kvcache_args *args,
+                                                      const flashc_params *params);
 
 #define FLASHC_WORKSPACE_ALIGN 256
 
@@ -387,15 +431,18 @@ FLASHC_API flashc_status flashc_fwd_kvcache_workspace_size(const flashc_kvcache_
 /* The allocator serves only the convenience path (workspace NULL with 0 bytes).
  * alloc returns memory aligned to FLASHC_WORKSPACE_ALIGN on `device`, or NULL. */
 typedef struct flashc_allocator {
+    uint32_t abi; /* FLASHC_ABI_VERSION */
     void *(*alloc)(size_t bytes, flashc_device device, void *user);
     void (*free)(void *ptr, flashc_device device, void *user);
     void *user;
 } flashc_allocator;
 
-/* flashc_set_allocator() : replace the allocator process-wide; NULL restores the
- * default (aligned malloc on the CPU, cudaMalloc on CUDA). Not thread-safe
- * against concurrent flashc calls. */
-FLASHC_API void flashc_set_allocator(const flashc_allocator *allocator);
+/* flashc_set_allocator() : replace the allocator process-wide; NULL (or alloc or
+ * free NULL) restores the default (aligned malloc on the CPU, cudaMalloc on
+ * CUDA). Not thread-safe against concurrent flashc calls.
+ * @return FLASHC_OK, or FLASHC_ERR_INVALID_ARG (allocator->abi), which keeps the
+ *   allocator as it was. */
+FLASHC_API flashc_status flashc_set_allocator(const flashc_allocator *allocator);
 
 /* ---- CPU backend settings ---- */
 /* flashc_set_num_threads() : threads of the CPU backend's pool (>= 1), or 0 for the
@@ -442,6 +489,7 @@ FLASHC_API int flashc_backend_available(flashc_backend b);
 FLASHC_API const char *flashc_backend_name(flashc_backend b);
 
 typedef struct flashc_cuda_device_info {
+    uint32_t abi;                   /* FLASHC_ABI_VERSION, set by the caller */
     char name[256];
     int32_t major, minor;           /* compute capability */
     int32_t multiprocessors;
@@ -453,8 +501,9 @@ typedef struct flashc_cuda_device_info {
 /* flashc_cuda_device_count() : CUDA devices visible (0 when CUDA is not built in
  * or no driver is present). */
 FLASHC_API int flashc_cuda_device_count(void);
-/* flashc_cuda_device_get_info() : @return FLASHC_OK, FLASHC_ERR_INVALID_ARG (bad
- * index or NULL), FLASHC_ERR_UNSUPPORTED (CUDA not built in), FLASHC_ERR_CUDA. */
+/* flashc_cuda_device_get_info() : fill *info (info->abi set by the caller).
+ * @return FLASHC_OK, FLASHC_ERR_INVALID_ARG (bad index, NULL, info->abi),
+ *   FLASHC_ERR_UNSUPPORTED (CUDA not built in), FLASHC_ERR_CUDA. */
 FLASHC_API flashc_status flashc_cuda_device_get_info(int index, flashc_cuda_device_info *info);
 /* flashc_cuda_compiled() : 1 if this build contains the CUDA backend. */
 FLASHC_API int flashc_cuda_compiled(void);

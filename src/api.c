@@ -1,872 +1,29 @@
-/* api.c : every public entry point of include/flashc.h that runs attention:
- * validation, defaults, normalisation into fc_attn / fc_kvcache, backend
- * selection, workspace, dispatch. The counterpart of flash-attention's
- * flash_api.cpp (mha_fwd, mha_varlen_fwd, mha_bwd, mha_varlen_bwd,
- * mha_fwd_kvcache).
+/* api.c : the second half of every public entry point of include/flashc.h that
+ * runs attention, after prepare.c has checked the arguments and built an
+ * fc_call (call.h): the backend's own checks, the workspace, the dispatch.
  *
  * Every entry point takes the same steps:
- *   1. fc_prepare_attention / fc_prepare_kvcache: check every argument (the
- *      params, then each tensor by its role, then for host tensors the values
- *      of the integer tensors), pick the backend, build the normalised problem
- *      in an fc_call. Nothing is written, so a call that fails leaves the
- *      caller's memory as it was.
- *   2. fc_call_layout: the workspace the call needs, api.c's own region first
- *      and the backend's after it, carved by fc_ws_layout.
- *   3. fc_run: check the caller's workspace or borrow one from the allocator,
- *      fill api.c's region, call the backend.
- * The *_workspace_size queries stop after step 2, flashc_fwd_supported after 1.
+ *   1. fc_prepare_*: check, pick the backend, normalise (prepare.c);
+ *   2. the backend's `supported` (the backend table, internal.h): a problem it
+ *      refuses fails here, before any workspace is sized;
+ *   3. fc_call_layout: the workspace the call needs, api.c's own region first
+ *      and the backend's after it, carved by fc_ws_layout;
+ *   4. fc_run: check the caller's workspace or borrow one from the allocator,
+ *      fill api.c's region, call the backend's `run`.
+ * flashc_*_supported stops after step 2, the *_workspace_size queries after 3,
+ * so a query never answers OK for a call that its run would refuse. The run
+ * itself skips step 2: the backend's run makes the same checks (a decode call
+ * pays for them once).
  *
- * api.c's region holds, for flashc_fwd_kvcache on the CPU only, two int32 [B]
- * arrays that fc_kvcache points at: cache_seqlens (materialised, since the
- * caller may pass a scalar or nothing) and the total key lengths seqlens_k. The
- * backend's *_workspace functions are asked for their size before those arrays
- * exist (kc.cache_seqlens and kc.attn.seqlens_k are NULL then), so they must
- * read only shapes and max lengths (fc_seqlen_k falls back to max_seqlen_k). On
- * CUDA the values live in device memory: api.c has no region, and the backend
- * reads the caller's cache_seqlens (kc.cache_seqlens_in) on the device.
+ * api.c's region holds, for flashc_fwd_kvcache on host tensors only, the two
+ * int32 [B] length arrays of fc_call_kv_lengths (call.h).
  *
- * Messages start with the argument's name as spelled in the args struct or in
- * flashc_params, then its value and the reason: "k.shape[3]=128 but
- * q.shape[3]=96", "params.dropout_p=1.5 is outside [0, 1)".
- *
- * Not here: any attention arithmetic (src/cpu, src/cuda). The values of integer
- * tensors on a CUDA device are not checked: that would need a synchronising copy.
+ * Not here: argument checks (prepare.c), any attention arithmetic (src/cpu,
+ * src/cuda), which backends exist (backend.c).
  */
-#include <math.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <string.h>
 
-#include "internal.h"
-#ifdef FLASHC_HAVE_CUDA
-#include "cuda/backend.h"
-#endif
-
-#define FC_MAX_HEAD_DIM 256
-
-
-static const char *fc_device_name(flashc_device d) {
-    switch (d) {
-    case FLASHC_DEVICE_CPU: return "cpu";
-    case FLASHC_DEVICE_CUDA: return "cuda";
-    default: return "invalid";
-    }
-}
-
-static bool fc_is_float(flashc_dtype dt) {
-    return dt == FLASHC_DTYPE_FP32 || dt == FLASHC_DTYPE_FP16 || dt == FLASHC_DTYPE_BF16;
-}
-
-// ---- one tensor ----
-/* The size one dimension must have and where it comes from, for the message:
- * another tensor's dimension (src_dim >= 0: "q.shape[3]=96") or a named value
- * (src_dim < 0: "max_seqlen_q=4"). src == NULL accepts any size, so a
- * zero-initialised fc_dim is "any". */
-typedef struct fc_dim {
-    int64_t n;
-    const char *src;
-    int src_dim;
-} fc_dim;
-
-#define FC_AS(t, name, d) ((fc_dim){(t)->shape[d], (name), (d)})
-#define FC_VAL(v, name) ((fc_dim){(v), (name), -1})
-
-typedef enum {
-    FC_DT_FLOAT,        /* fp32, fp16 or bf16 (q itself) */
-    FC_DT_LIKE,         /* the dtype of role.like */
-    FC_DT_FP32,
-    FC_DT_INT32,
-    FC_DT_FP32_OR_LIKE, /* fp32 or the dtype of role.like (rotary cos / sin) */
-} fc_dtype_rule;
-
-/* What a tensor in one role must look like. */
-typedef struct fc_role {
-    const char *name;   /* as in the args struct: "k", "softmax_lse" */
-    const char *layout; /* for the rank message: "[B, Sk, Hk, D]" */
-    int ndim;
-    fc_dtype_rule dtype;
-    const flashc_tensor *like; /* FC_DT_LIKE, FC_DT_FP32_OR_LIKE */
-    const char *like_name;
-    fc_dim dim[FLASHC_MAX_DIMS];
-} fc_role;
-
-/* What the checks of one call have learnt so far. */
-typedef struct fc_ctx {
-    bool have_device;
-    flashc_device device;     /* of the first tensor checked */
-    const char *device_of;    /* its name */
-    const flashc_tensor *q;   /* defines H, D (and B when batched) */
-    const char *q_layout, *k_layout;
-    bool varlen;
-    fc_dim B;                 /* batch size and its source */
-    int64_t H, Hk, D;
-} fc_ctx;
-
-static flashc_status fc_check_dtype(const flashc_tensor *t, const fc_role *r) {
-    const char *n = r->name, *got = flashc_dtype_name(t->dtype);
-    switch (r->dtype) {
-    case FC_DT_FLOAT:
-        FC_CHECK_ARG(fc_is_float(t->dtype), "%s.dtype=%s but must be fp32, fp16 or bf16", n, got);
-        break;
-    case FC_DT_LIKE:
-        FC_CHECK_ARG(t->dtype == r->like->dtype, "%s.dtype=%s but %s.dtype=%s", n, got,
-                     r->like_name, flashc_dtype_name(r->like->dtype));
-        break;
-    case FC_DT_FP32:
-        FC_CHECK_ARG(t->dtype == FLASHC_DTYPE_FP32, "%s.dtype=%s but must be fp32", n, got);
-        break;
-    case FC_DT_INT32:
-        FC_CHECK_ARG(t->dtype == FLASHC_DTYPE_INT32, "%s.dtype=%s but must be int32", n, got);
-        break;
-    case FC_DT_FP32_OR_LIKE:
-        FC_CHECK_ARG(t->dtype == FLASHC_DTYPE_FP32 || t->dtype == r->like->dtype,
-                     "%s.dtype=%s but must be fp32 or %s.dtype=%s", n, got, r->like_name,
-                     flashc_dtype_name(r->like->dtype));
-        break;
-    }
-    return FLASHC_OK;
-}
-
-/* Shapes and strides in range, the last dimension contiguous, and every
- * element's byte offset representable in int64 (so no backend index overflows). */
-static flashc_status fc_check_strides(const flashc_tensor *t, const char *n) {
-    for (int d = 0; d < t->ndim; d++) {
-        long long s = (long long)t->shape[d], st = (long long)t->stride[d];
-        FC_CHECK_ARG(s >= 0, "%s.shape[%d]=%lld but must be >= 0", n, d, s);
-        FC_CHECK_ARG(s <= INT32_MAX, "%s.shape[%d]=%lld exceeds INT32_MAX", n, d, s);
-        FC_CHECK_ARG(st >= 0, "%s.stride[%d]=%lld but must be >= 0", n, d, st);
-    }
-    if (t->ndim > 0)
-        FC_CHECK_ARG(t->stride[t->ndim - 1] == 1, "%s.stride[%d]=%lld but must be 1", n,
-                     t->ndim - 1, (long long)t->stride[t->ndim - 1]);
-    int64_t esz = (int64_t)flashc_dtype_size(t->dtype); /* > 0: fc_check_dtype ran first */
-    int64_t extent = 0, count = 1; /* largest element offset, number of elements */
-    for (int d = 0; d < t->ndim; d++) {
-        int64_t s = t->shape[d], st = t->stride[d];
-        if (s == 0) {
-            count = 0;
-            continue;
-        }
-        FC_CHECK_ARG(st == 0 || s - 1 <= (INT64_MAX - extent) / st,
-                     "%s: the largest element offset (sum of (shape-1)*stride) overflows int64", n);
-        extent += (s - 1) * st;
-        FC_CHECK_ARG(count <= INT64_MAX / s, "%s: the element count overflows int64", n);
-        count *= s;
-    }
-    FC_CHECK_ARG(extent < INT64_MAX / esz && count <= INT64_MAX / esz,
-                 "%s: the byte size of the view overflows int64", n);
-    return FLASHC_OK;
-}
-
-/* The one check of a present tensor: data, device, rank, dtype, strides, shape. */
-static flashc_status fc_check_tensor(fc_ctx *c, const flashc_tensor *t, const fc_role *r) {
-    const char *n = r->name;
-    FC_CHECK_ARG(t->data, "%s.data is NULL", n);
-    FC_CHECK_ARG(t->device == FLASHC_DEVICE_CPU || t->device == FLASHC_DEVICE_CUDA,
-                 "%s.device=%d is not a flashc_device", n, (int)t->device);
-    if (!c->have_device) {
-        c->have_device = true;
-        c->device = t->device;
-        c->device_of = n;
-    }
-    FC_CHECK_ARG(t->device == c->device, "%s.device=%s but %s.device=%s: one call uses one device",
-                 n, fc_device_name(t->device), c->device_of, fc_device_name(c->device));
-    FC_CHECK_ARG(t->ndim == r->ndim, "%s.ndim=%d but must be %d: %s %s", n, (int)t->ndim, r->ndim, n,
-                 r->layout);
-    FC_TRY(fc_check_dtype(t, r));
-    FC_TRY(fc_check_strides(t, n));
-    for (int d = 0; d < r->ndim; d++) {
-        const fc_dim *w = &r->dim[d];
-        if (!w->src || t->shape[d] == w->n) continue;
-        if (w->src_dim >= 0)
-            return fc_set_error(FLASHC_ERR_INVALID_ARG, "%s.shape[%d]=%lld but %s.shape[%d]=%lld", n,
-                                d, (long long)t->shape[d], w->src, w->src_dim, (long long)w->n);
-        return fc_set_error(FLASHC_ERR_INVALID_ARG, "%s.shape[%d]=%lld but %s=%lld", n, d,
-                            (long long)t->shape[d], w->src, (long long)w->n);
-    }
-    return FLASHC_OK;
-}
-
-// ---- tensor roles ----
-/* q: [B, Sq, H, D] batched, [total_q, H, D] varlen. Defines H, D, and B when batched. */
-static flashc_status fc_check_q(fc_ctx *c, const flashc_tensor *q, bool varlen) {
-    c->varlen = varlen;
-    c->q_layout = varlen ? "[total_q, H, D]" : "[B, Sq, H, D]";
-    fc_role r = {"q", c->q_layout, varlen ? 3 : 4, FC_DT_FLOAT, NULL, NULL, {{0}}};
-    FC_TRY(fc_check_tensor(c, q, &r));
-    c->q = q;
-    c->H = q->shape[r.ndim - 2];
-    c->D = q->shape[r.ndim - 1];
-    if (!varlen) c->B = FC_AS(q, "q", 0);
-    FC_CHECK_ARG(c->D >= 1 && c->D <= FC_MAX_HEAD_DIM, "q.shape[%d]=%lld but head_dim must be in 1..%d",
-                 r.ndim - 1, (long long)c->D, FC_MAX_HEAD_DIM);
-    return FLASHC_OK;
-}
-
-/* Same rank, shape and dtype as ref (out like q, v like k, ...). */
-static flashc_status fc_check_same(fc_ctx *c, const flashc_tensor *t, const char *name,
-                                   const flashc_tensor *ref, const char *ref_name,
-                                   const char *layout) {
-    fc_role r = {name, layout, ref->ndim, FC_DT_LIKE, ref, ref_name, {{0}}};
-    for (int d = 0; d < ref->ndim; d++) r.dim[d] = FC_AS(ref, ref_name, d);
-    return fc_check_tensor(c, t, &r);
-}
-
-typedef enum {
-    FC_KV_BATCHED, /* [B, Sk, Hk, D] */
-    FC_KV_VARLEN,  /* [total_k, Hk, D] */
-    FC_KV_PAGED,   /* [num_blocks, page_size, Hk, D] */
-    FC_KV_CACHE,   /* [B_c, S_c, Hk, D], the contiguous kvcache */
-} fc_kv_layout;
-
-/* k or k_cache in one of the layouts above. Defines Hk. */
-static flashc_status fc_check_k(fc_ctx *c, const flashc_tensor *k, const char *name,
-                                fc_kv_layout layout) {
-    static const char *const layouts[] = {"[B, Sk, Hk, D]", "[total_k, Hk, D]",
-                                          "[num_blocks, page_size, Hk, D]", "[B_c, S_c, Hk, D]"};
-    c->k_layout = layouts[layout];
-    fc_role r = {name, c->k_layout, layout == FC_KV_VARLEN ? 3 : 4, FC_DT_LIKE, c->q, "q", {{0}}};
-    if (layout == FC_KV_BATCHED) r.dim[0] = c->B;
-    r.dim[r.ndim - 1] = FC_AS(c->q, "q", c->q->ndim - 1);
-    FC_TRY(fc_check_tensor(c, k, &r));
-    c->Hk = k->shape[r.ndim - 2];
-    FC_CHECK_ARG(c->Hk >= 1, "%s.shape[%d]=0 but the number of KV heads must be >= 1", name,
-                 r.ndim - 2);
-    FC_CHECK_ARG(c->H % c->Hk == 0, "q.shape[%d]=%lld (heads) is not a multiple of %s.shape[%d]=%lld",
-                 c->q->ndim - 2, (long long)c->H, name, r.ndim - 2, (long long)c->Hk);
-    if (layout == FC_KV_PAGED)
-        FC_CHECK_ARG(k->shape[1] >= 1, "%s.shape[1]=0 but page_size must be >= 1", name);
-    return FLASHC_OK;
-}
-
-/* softmax_lse: fp32 [B, H, Sq] batched, [H, total_q] varlen. */
-static flashc_status fc_check_lse(fc_ctx *c, const flashc_tensor *t, bool required) {
-    if (!required && !t->data) return FLASHC_OK;
-    const flashc_tensor *q = c->q;
-    fc_role r = {"softmax_lse", c->varlen ? "[H, total_q]" : "[B, H, Sq]", c->varlen ? 2 : 3,
-                 FC_DT_FP32, NULL, NULL, {{0}}};
-    if (c->varlen) {
-        r.dim[0] = FC_AS(q, "q", 1);
-        r.dim[1] = FC_AS(q, "q", 0);
-    } else {
-        r.dim[0] = FC_AS(q, "q", 0);
-        r.dim[1] = FC_AS(q, "q", 2);
-        r.dim[2] = FC_AS(q, "q", 1);
-    }
-    return fc_check_tensor(c, t, &r);
-}
-
-/* alibi_slopes: fp32 [H] or [B, H]. */
-static flashc_status fc_check_alibi(fc_ctx *c, const flashc_tensor *t) {
-    if (!t->data) return FLASHC_OK;
-    FC_CHECK_ARG(t->ndim == 1 || t->ndim == 2, "alibi_slopes.ndim=%d but must be 1 ([H]) or 2 ([B, H])",
-                 (int)t->ndim);
-    fc_role r = {"alibi_slopes", t->ndim == 1 ? "[H]" : "[B, H]", t->ndim, FC_DT_FP32, NULL, NULL,
-                 {{0}}};
-    fc_dim h = FC_AS(c->q, "q", c->q->ndim - 2);
-    if (t->ndim == 1) {
-        r.dim[0] = h;
-    } else {
-        r.dim[0] = c->B;
-        r.dim[1] = h;
-    }
-    return fc_check_tensor(c, t, &r);
-}
-
-/* attn_probs: fp32 [B, H, sq, sk]. */
-static flashc_status fc_check_probs(fc_ctx *c, const flashc_tensor *t, fc_dim sq, fc_dim sk) {
-    if (!t->data) return FLASHC_OK;
-    fc_role r = {"attn_probs", "[B, H, Sq, Sk]", 4, FC_DT_FP32, NULL, NULL,
-                 {c->B, FC_AS(c->q, "q", c->q->ndim - 2), sq, sk}};
-    return fc_check_tensor(c, t, &r);
-}
-
-/* An int32 [B] vector (seqused_k, cache_batch_idx, cache_leftpad, cache_seqlens). */
-static flashc_status fc_check_vec_b(fc_ctx *c, const flashc_tensor *t, const char *name) {
-    if (!t->data) return FLASHC_OK;
-    fc_role r = {name, "[B]", 1, FC_DT_INT32, NULL, NULL, {c->B}};
-    return fc_check_tensor(c, t, &r);
-}
-
-/* cu_seqlens_q, cu_seqlens_k: int32 [B + 1]. Defines B. */
-static flashc_status fc_check_cu_seqlens(fc_ctx *c, const flashc_tensor *cu_q,
-                                         const flashc_tensor *cu_k) {
-    fc_role r = {"cu_seqlens_q", "[B + 1]", 1, FC_DT_INT32, NULL, NULL, {{0}}};
-    FC_TRY(fc_check_tensor(c, cu_q, &r));
-    FC_CHECK_ARG(cu_q->shape[0] >= 1, "cu_seqlens_q.shape[0]=0 but must be >= 1 (B + 1)");
-    c->B = FC_VAL(cu_q->shape[0] - 1, "B");
-    r.name = "cu_seqlens_k";
-    r.dim[0] = FC_AS(cu_q, "cu_seqlens_q", 0);
-    return fc_check_tensor(c, cu_k, &r);
-}
-
-/* block_table: int32 [B, max_blocks]. */
-static flashc_status fc_check_block_table(fc_ctx *c, const flashc_tensor *t) {
-    if (!t->data) return FLASHC_OK;
-    fc_role r = {"block_table", "[B, max_blocks]", 2, FC_DT_INT32, NULL, NULL, {c->B}};
-    return fc_check_tensor(c, t, &r);
-}
-
-static flashc_status fc_check_max_seqlen(int64_t v, const char *name) {
-    FC_CHECK_ARG(v >= 0 && v <= INT32_MAX, "%s=%lld is outside [0, INT32_MAX]", name, (long long)v);
-    return FLASHC_OK;
-}
-
-// ---- integer tensor values (host tensors only) ----
-/* Element i of an int32 tensor of rank 0 (every i reads the scalar) or 1. */
-static int64_t fc_i32(const flashc_tensor *t, int64_t i) {
-    const int32_t *p = (const int32_t *)t->data;
-    return t->ndim == 0 ? p[0] : p[i * t->stride[0]];
-}
-
-/* cu[0] == 0, non-decreasing, every length <= max (named max_name), cu[B] <= total
- * (total < 0: no bound, as for paged keys). */
-static flashc_status fc_check_cu_values(const flashc_tensor *cu, const char *name, int64_t B,
-                                        int64_t max, const char *max_name, int64_t total,
-                                        const char *total_src) {
-    FC_CHECK_ARG(fc_i32(cu, 0) == 0, "%s[0]=%lld but must be 0", name, (long long)fc_i32(cu, 0));
-    for (int64_t b = 0; b < B; b++) {
-        long long lo = fc_i32(cu, b), hi = fc_i32(cu, b + 1), bb = (long long)b;
-        FC_CHECK_ARG(hi >= lo, "%s[%lld]=%lld but %s[%lld]=%lld: must be non-decreasing", name, bb + 1,
-                     hi, name, bb, lo);
-        FC_CHECK_ARG(hi - lo <= max, "%s=%lld but sequence %lld has %lld rows (%s[%lld] - %s[%lld])",
-                     max_name, (long long)max, bb, hi - lo, name, bb + 1, name, bb);
-    }
-    if (total >= 0)
-        FC_CHECK_ARG(fc_i32(cu, B) <= total, "%s[%lld]=%lld but %s=%lld rows", name, (long long)B,
-                     (long long)fc_i32(cu, B), total_src, (long long)total);
-    return FLASHC_OK;
-}
-
-/* The pages of sequence b that hold rows [first, end) exist: the table is long
- * enough and each entry is in [0, num_blocks). */
-static flashc_status fc_check_pages(const flashc_tensor *bt, int64_t b, int64_t first, int64_t end,
-                                    int64_t num_blocks, int64_t page_size) {
-    if (end <= first) return FLASHC_OK;
-    int64_t max_blocks = bt->shape[1];
-    FC_CHECK_ARG(end <= max_blocks * page_size,
-                 "block_table.shape[1]=%lld pages of page_size=%lld rows hold %lld rows but "
-                 "sequence %lld uses %lld",
-                 (long long)max_blocks, (long long)page_size, (long long)(max_blocks * page_size),
-                 (long long)b, (long long)end);
-    const int32_t *row = (const int32_t *)bt->data + b * bt->stride[0];
-    for (int64_t p = first / page_size; p <= (end - 1) / page_size; p++)
-        FC_CHECK_ARG(row[p] >= 0 && row[p] < num_blocks, "block_table[%lld][%lld]=%d is outside [0, %lld)",
-                     (long long)b, (long long)p, row[p], (long long)num_blocks);
-    return FLASHC_OK;
-}
-
-// ---- params ----
-static flashc_status fc_check_params(const flashc_params *p) {
-    FC_CHECK_ARG(isfinite(p->softmax_scale) && p->softmax_scale >= 0.0f,
-                 "params.softmax_scale=%g but must be finite and >= 0 (0 = 1/sqrt(head_dim) "
-                 "unless params.scale_given = 1)",
-                 (double)p->softmax_scale);
-    FC_CHECK_ARG(p->scale_given == 0 || p->scale_given == 1,
-                 "params.scale_given=%d but must be 0 or 1", (int)p->scale_given);
-    FC_CHECK_ARG(p->causal == 0 || p->causal == 1, "params.causal=%d but must be 0 or 1",
-                 (int)p->causal);
-    FC_CHECK_ARG(p->window_left >= -1, "params.window_left=%d but must be >= -1 (-1 = unbounded)",
-                 (int)p->window_left);
-    FC_CHECK_ARG(p->window_right >= -1, "params.window_right=%d but must be >= -1 (-1 = unbounded)",
-                 (int)p->window_right);
-    FC_CHECK_ARG(isfinite(p->softcap) && p->softcap >= 0.0f,
-                 "params.softcap=%g but must be finite and >= 0 (0 = off)", (double)p->softcap);
-    FC_CHECK_ARG(p->dropout_p >= 0.0f && p->dropout_p < 1.0f, "params.dropout_p=%g is outside [0, 1)",
-                 (double)p->dropout_p);
-    FC_CHECK_ARG(p->deterministic == 0 || p->deterministic == 1,
-                 "params.deterministic=%d but must be 0 or 1", (int)p->deterministic);
-    FC_CHECK_ARG(p->rotary_interleaved == 0 || p->rotary_interleaved == 1,
-                 "params.rotary_interleaved=%d but must be 0 or 1", (int)p->rotary_interleaved);
-    FC_CHECK_ARG(p->num_splits >= 0, "params.num_splits=%d but must be >= 0 (0 = heuristic)",
-                 (int)p->num_splits);
-    FC_CHECK_ARG(p->backend >= FLASHC_BACKEND_AUTO && p->backend < FLASHC_BACKEND_COUNT,
-                 "params.backend=%d is not a flashc_backend", (int)p->backend);
-    return FLASHC_OK;
-}
-
-/* flash_attn 2.x's resolution: scale 0 -> 1/sqrt(D) (unless given as 0: every
- * score 0); causal -> window_right = 0
- * (window_left is kept: causal with a left window is a sliding causal window).
- * Windows are kept as given otherwise: fc_key_range clamps them to the keys. */
-static void fc_resolve_options(fc_attn *a, const flashc_params *p, int64_t head_dim) {
-    a->scale = p->softmax_scale > 0.0f || p->scale_given ? p->softmax_scale
-                                                         : (float)(1.0 / sqrt((double)head_dim));
-    a->softcap = p->softcap;
-    a->causal = p->causal != 0;
-    a->window_left = p->window_left;
-    a->window_right = p->causal ? 0 : p->window_right;
-    a->dropout_p = p->dropout_p;
-    a->seed = p->dropout_seed;
-    a->offset = p->dropout_offset;
-    a->deterministic = p->deterministic != 0;
-    a->num_splits = p->num_splits;
-    a->stream = p->stream;
-}
-
-// ---- backends ----
-typedef enum { FC_OP_FWD, FC_OP_BWD, FC_OP_KVCACHE } fc_op;
-
-static int fc_cuda_ready(void) {
-#ifdef FLASHC_HAVE_CUDA
-    return fc_cuda_usable();
-#else
-    return 0;
-#endif
-}
-
-/* The backend that runs a call whose tensors live on c->device (every entry
- * point runs on both backends). */
-static flashc_status fc_select_backend(const fc_ctx *c, flashc_backend want, flashc_backend *got) {
-    const char *dev = fc_device_name(c->device);
-    flashc_backend b = want;
-    if (b == FLASHC_BACKEND_AUTO)
-        b = c->device == FLASHC_DEVICE_CUDA ? FLASHC_BACKEND_CUDA : FLASHC_BACKEND_CPU;
-    if (b == FLASHC_BACKEND_CPU) {
-        FC_CHECK_ARG(c->device == FLASHC_DEVICE_CPU,
-                     "params.backend=cpu but %s.device=%s: the CPU backend reads host memory only",
-                     c->device_of, dev);
-        *got = b;
-        return FLASHC_OK;
-    }
-    FC_CHECK_ARG(c->device == FLASHC_DEVICE_CUDA,
-                 "params.backend=cuda but %s.device=%s: the CUDA backend reads device memory only",
-                 c->device_of, dev);
-#ifdef FLASHC_HAVE_CUDA
-    if (!fc_cuda_usable())
-        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "%s.device=cuda but no CUDA device of compute capability >= 8.0 is usable",
-                            c->device_of);
-    *got = b;
-    return FLASHC_OK;
-#else
-    return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                        "%s.device=cuda but this build has no CUDA backend (flashc_cuda_compiled() = 0)",
-                        c->device_of);
-#endif
-}
-
-int flashc_backend_available(flashc_backend b) {
-    switch (b) {
-    case FLASHC_BACKEND_AUTO: return 1;
-    case FLASHC_BACKEND_CPU: return 1;
-    case FLASHC_BACKEND_CUDA: return fc_cuda_ready();
-    default: return 0;
-    }
-}
-
-const char *flashc_backend_name(flashc_backend b) {
-    switch (b) {
-    case FLASHC_BACKEND_AUTO: return "auto";
-    case FLASHC_BACKEND_CPU: return "cpu";
-    case FLASHC_BACKEND_CUDA: return "cuda";
-    default: return "invalid";
-    }
-}
-
-#ifndef FLASHC_HAVE_CUDA
-int flashc_cuda_compiled(void) { return 0; }
-
-int flashc_cuda_device_count(void) { return 0; }
-
-flashc_status flashc_cuda_device_get_info(int index, flashc_cuda_device_info *info) {
-    (void)index;
-    (void)info;
-    fc_clear_error();
-    return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                        "flashc_cuda_device_get_info: this build has no CUDA backend");
-}
-#endif
-
-// ---- the normalised call ----
-
-typedef struct fc_call {
-    fc_op op;
-    flashc_backend backend;
-    flashc_device device;
-    fc_attn attn;                     /* FC_OP_FWD, FC_OP_BWD */
-    fc_kvcache kc;                    /* FC_OP_KVCACHE: kc.attn is the problem */
-    const flashc_kvcache_args *kv;    /* FC_OP_KVCACHE: read again by fc_kv_fill */
-    int64_t kv_capacity;              /* rows per cache: S_c, or max_blocks * page_size */
-} fc_call;
-
-/* The fc_view of a [batch-or-page, seq, head, d] (rank 4) or [token, head, d]
- * (rank 3) tensor; all zero when absent. */
-static fc_view fc_view_of(const flashc_tensor *t) {
-    fc_view v;
-    memset(&v, 0, sizeof v);
-    if (!t->data) return v;
-    v.ptr = t->data;
-    if (t->ndim == 4) {
-        v.s_batch = t->stride[0];
-        v.s_seq = t->stride[1];
-        v.s_head = t->stride[2];
-    } else {
-        v.s_seq = t->stride[0];
-        v.s_head = t->stride[1];
-    }
-    return v;
-}
-
-/* lse, alibi and probs of a, from validated tensors (each may be absent). */
-static void fc_set_extras(fc_attn *a, const flashc_tensor *lse, const flashc_tensor *alibi,
-                          const flashc_tensor *probs) {
-    if (lse->data) {
-        a->lse = (float *)lse->data;
-        bool varlen = lse->ndim == 2; /* [H, total_q] */
-        a->lse_s_batch = varlen ? 0 : lse->stride[0];
-        a->lse_s_head = lse->stride[varlen ? 0 : 1];
-        a->lse_s_seq = lse->stride[varlen ? 1 : 2];
-    }
-    if (alibi->data) {
-        a->alibi = (const float *)alibi->data;
-        a->alibi_s_batch = alibi->ndim == 2 ? alibi->stride[0] : 0;
-    }
-    if (probs && probs->data) {
-        a->probs = (float *)probs->data;
-        a->probs_s_batch = probs->stride[0];
-        a->probs_s_head = probs->stride[1];
-        a->probs_s_row = probs->stride[2];
-    }
-}
-
-static const flashc_params *fc_params_or_default(const flashc_params *p, flashc_params *def) {
-    if (p) return p;
-    *def = flashc_params_default();
-    return def;
-}
-
-// ---- forward and backward, batched and varlen ----
-/* The tensors of flashc_fwd, flashc_varlen_fwd, flashc_bwd, flashc_varlen_bwd,
- * as pointers into their args; what an entry point lacks is NULL. */
-typedef struct fc_operands {
-    const flashc_tensor *q, *k, *v, *out, *lse, *alibi, *probs;
-    const flashc_tensor *dout, *dq, *dk, *dv;                   /* backward */
-    const flashc_tensor *cu_q, *cu_k, *seqused_k, *block_table; /* varlen */
-    int64_t max_seqlen_q, max_seqlen_k;                         /* varlen */
-} fc_operands;
-
-/* Values of cu_seqlens, seqused_k and block_table (host tensors). */
-static flashc_status fc_check_varlen_values(const fc_ctx *c, const fc_operands *o) {
-    int64_t B = c->B.n;
-    bool paged = o->block_table && o->block_table->data;
-    FC_TRY(fc_check_cu_values(o->cu_q, "cu_seqlens_q", B, o->max_seqlen_q, "max_seqlen_q",
-                              o->q->shape[0], "q.shape[0]"));
-    FC_TRY(fc_check_cu_values(o->cu_k, "cu_seqlens_k", B, o->max_seqlen_k, "max_seqlen_k",
-                              paged ? -1 : o->k->shape[0], "k.shape[0]"));
-    for (int64_t b = 0; b < B; b++) {
-        int64_t len = fc_i32(o->cu_k, b + 1) - fc_i32(o->cu_k, b);
-        if (o->seqused_k && o->seqused_k->data) {
-            int64_t used = fc_i32(o->seqused_k, b);
-            FC_CHECK_ARG(used >= 0 && used <= len,
-                         "seqused_k[%lld]=%lld is outside [0, %lld] (cu_seqlens_k[%lld] - cu_seqlens_k[%lld])",
-                         (long long)b, (long long)used, (long long)len, (long long)b + 1, (long long)b);
-            len = used;
-        }
-        if (paged)
-            FC_TRY(fc_check_pages(o->block_table, b, 0, len, o->k->shape[0], o->k->shape[1]));
-    }
-    return FLASHC_OK;
-}
-
-static flashc_status fc_prepare_attention(const fc_operands *o, const flashc_params *p, fc_op op,
-                                          fc_call *call) {
-    fc_ctx c;
-    memset(&c, 0, sizeof c);
-    memset(call, 0, sizeof *call);
-    bool varlen = o->cu_q != NULL;
-    bool paged = o->block_table && o->block_table->data;
-
-    FC_TRY(fc_check_params(p));
-    FC_TRY(fc_check_q(&c, o->q, varlen));
-    if (varlen) {
-        FC_TRY(fc_check_cu_seqlens(&c, o->cu_q, o->cu_k));
-        FC_TRY(fc_check_max_seqlen(o->max_seqlen_q, "max_seqlen_q"));
-        FC_TRY(fc_check_max_seqlen(o->max_seqlen_k, "max_seqlen_k"));
-    }
-    FC_TRY(fc_check_k(&c, o->k, "k", !varlen ? FC_KV_BATCHED : paged ? FC_KV_PAGED : FC_KV_VARLEN));
-    FC_TRY(fc_check_same(&c, o->v, "v", o->k, "k", c.k_layout));
-    FC_TRY(fc_check_same(&c, o->out, "out", o->q, "q", c.q_layout));
-    if (op == FC_OP_BWD) {
-        FC_TRY(fc_check_same(&c, o->dout, "dout", o->q, "q", c.q_layout));
-        FC_TRY(fc_check_same(&c, o->dq, "dq", o->q, "q", c.q_layout));
-        FC_TRY(fc_check_same(&c, o->dk, "dk", o->k, "k", c.k_layout));
-        FC_TRY(fc_check_same(&c, o->dv, "dv", o->k, "k", c.k_layout));
-    }
-    FC_TRY(fc_check_lse(&c, o->lse, op == FC_OP_BWD));
-    FC_TRY(fc_check_alibi(&c, o->alibi));
-    if (o->probs) {
-        fc_dim sq = varlen ? FC_VAL(o->max_seqlen_q, "max_seqlen_q") : FC_AS(o->q, "q", 1);
-        fc_dim sk = varlen ? FC_VAL(o->max_seqlen_k, "max_seqlen_k") : FC_AS(o->k, "k", 1);
-        FC_TRY(fc_check_probs(&c, o->probs, sq, sk));
-    }
-    if (varlen) {
-        if (o->seqused_k) FC_TRY(fc_check_vec_b(&c, o->seqused_k, "seqused_k"));
-        if (o->block_table) FC_TRY(fc_check_block_table(&c, o->block_table));
-        if (c.device == FLASHC_DEVICE_CPU) FC_TRY(fc_check_varlen_values(&c, o));
-    }
-    FC_TRY(fc_select_backend(&c, p->backend, &call->backend));
-
-    fc_attn *a = &call->attn;
-    call->op = op;
-    call->device = c.device;
-    a->batch = c.B.n;
-    a->heads = c.H;
-    a->kv_heads = c.Hk;
-    a->head_dim = c.D;
-    a->dtype = o->q->dtype;
-    if (varlen) {
-        a->max_seqlen_q = o->max_seqlen_q;
-        a->max_seqlen_k = o->max_seqlen_k;
-        a->cu_seqlens_q = (const int32_t *)o->cu_q->data;
-        a->cu_seqlens_k = (const int32_t *)o->cu_k->data;
-        a->total_q = o->q->shape[0];
-        a->total_k = o->k->shape[0];
-        if (o->seqused_k && o->seqused_k->data) a->seqlens_k = (const int32_t *)o->seqused_k->data;
-        if (paged) {
-            a->block_table = (const int32_t *)o->block_table->data;
-            a->bt_stride = o->block_table->stride[0];
-            a->bt_cols = o->block_table->shape[1];
-            a->page_size = o->k->shape[1];
-        }
-    } else {
-        a->max_seqlen_q = o->q->shape[1];
-        a->max_seqlen_k = o->k->shape[1];
-    }
-    a->q = fc_view_of(o->q);
-    a->k = fc_view_of(o->k);
-    a->v = fc_view_of(o->v);
-    a->out = fc_view_of(o->out);
-    if (op == FC_OP_BWD) {
-        a->dout = fc_view_of(o->dout);
-        a->dq = fc_view_of(o->dq);
-        a->dk = fc_view_of(o->dk);
-        a->dv = fc_view_of(o->dv);
-    }
-    fc_set_extras(a, o->lse, o->alibi, o->probs);
-    fc_resolve_options(a, p, c.D);
-    return FLASHC_OK;
-}
-
-static fc_operands fc_operands_fwd(const flashc_fwd_args *x) {
-    return (fc_operands){.q = &x->q, .k = &x->k, .v = &x->v, .out = &x->out,
-                         .lse = &x->softmax_lse, .alibi = &x->alibi_slopes, .probs = &x->attn_probs};
-}
-
-static fc_operands fc_operands_varlen_fwd(const flashc_varlen_fwd_args *x) {
-    return (fc_operands){.q = &x->q, .k = &x->k, .v = &x->v, .out = &x->out,
-                         .lse = &x->softmax_lse, .alibi = &x->alibi_slopes, .probs = &x->attn_probs,
-                         .cu_q = &x->cu_seqlens_q, .cu_k = &x->cu_seqlens_k,
-                         .seqused_k = &x->seqused_k, .block_table = &x->block_table,
-                         .max_seqlen_q = x->max_seqlen_q, .max_seqlen_k = x->max_seqlen_k};
-}
-
-static fc_operands fc_operands_bwd(const flashc_bwd_args *x) {
-    return (fc_operands){.q = &x->q, .k = &x->k, .v = &x->v, .out = &x->out,
-                         .lse = &x->softmax_lse, .alibi = &x->alibi_slopes,
-                         .dout = &x->dout, .dq = &x->dq, .dk = &x->dk, .dv = &x->dv};
-}
-
-static fc_operands fc_operands_varlen_bwd(const flashc_varlen_bwd_args *x) {
-    return (fc_operands){.q = &x->q, .k = &x->k, .v = &x->v, .out = &x->out,
-                         .lse = &x->softmax_lse, .alibi = &x->alibi_slopes,
-                         .dout = &x->dout, .dq = &x->dq, .dk = &x->dk, .dv = &x->dv,
-                         .cu_q = &x->cu_seqlens_q, .cu_k = &x->cu_seqlens_k,
-                         .max_seqlen_q = x->max_seqlen_q, .max_seqlen_k = x->max_seqlen_k};
-}
-
-// ---- forward over a KV cache ----
-/* Rows of cache b in use before the append (leftpad included; the whole cache
- * when cache_seqlens is absent) and its left padding. */
-static void fc_kv_lengths(const flashc_kvcache_args *x, int64_t capacity, int64_t b, int64_t *used,
-                          int64_t *pad) {
-    *used = x->cache_seqlens.data ? fc_i32(&x->cache_seqlens, b) : capacity;
-    *pad = x->cache_leftpad.data ? fc_i32(&x->cache_leftpad, b) : 0;
-}
-
-/* Values of cache_seqlens, cache_leftpad, cache_batch_idx, block_table and the
- * rotary table's length (host tensors). Sets the longest key length. */
-static flashc_status fc_check_kvcache_values(const fc_ctx *c, const flashc_kvcache_args *x,
-                                             const fc_call *call, int64_t *max_seqlen_k) {
-    int64_t B = c->B.n, cap = call->kv_capacity, s_new = x->k_new.data ? x->k_new.shape[1] : 0;
-    int64_t sq = x->q.shape[1];
-    bool paged = x->block_table.data != NULL;
-    const char *cap_src = paged ? "block_table.shape[1] * page_size" : "k_cache.shape[1]";
-    const fc_attn *a = &call->kc.attn;
-    bool per_row = a->window_left >= 0 || a->window_right >= 0; /* as fc_rotary_q_pos */
-    *max_seqlen_k = 0;
-    for (int64_t b = 0; b < B; b++) {
-        int64_t used, pad;
-        long long bb = (long long)b;
-        fc_kv_lengths(x, cap, b, &used, &pad);
-        char name[48]; /* how the message names the rows in use */
-        if (!x->cache_seqlens.data) snprintf(name, sizeof name, "the cache length");
-        else if (x->cache_seqlens.ndim == 0) snprintf(name, sizeof name, "cache_seqlens");
-        else snprintf(name, sizeof name, "cache_seqlens[%lld]", bb);
-        if (x->cache_seqlens.data) {
-            FC_CHECK_ARG(used >= 0, "%s=%lld but must be >= 0", name, (long long)used);
-            FC_CHECK_ARG(used + s_new <= cap,
-                         "%s=%lld plus k_new.shape[1]=%lld new rows exceeds the cache: %s=%lld rows",
-                         name, (long long)used, (long long)s_new, cap_src, (long long)cap);
-        }
-        FC_CHECK_ARG(pad >= 0 && pad <= used, "cache_leftpad[%lld]=%lld is outside [0, %s=%lld]", bb,
-                     (long long)pad, name, (long long)used);
-        if (x->cache_batch_idx.data) {
-            int64_t kb = fc_i32(&x->cache_batch_idx, b);
-            FC_CHECK_ARG(kb >= 0 && kb < x->k_cache.shape[0],
-                         "cache_batch_idx[%lld]=%lld is outside [0, %lld) (k_cache.shape[0])", bb,
-                         (long long)kb, (long long)x->k_cache.shape[0]);
-        }
-        if (paged)
-            FC_TRY(fc_check_pages(&x->block_table, b, pad, used + s_new, x->k_cache.shape[0],
-                                  x->k_cache.shape[1]));
-        if (x->rotary_cos.data) {
-            int64_t need = s_new > 0 ? used + s_new : 0; /* k_new row t at position used + t */
-            int64_t q_need = sq > 0 ? used + (per_row ? sq : 1) : 0;
-            need = q_need > need ? q_need : need;
-            FC_CHECK_ARG(need <= x->rotary_cos.shape[0],
-                         "rotary_cos.shape[0]=%lld but batch %lld uses rotary positions up to %lld (%s=%lld)",
-                         (long long)x->rotary_cos.shape[0], bb, (long long)need - 1, name,
-                         (long long)used);
-        }
-        int64_t total = used - pad + s_new;
-        *max_seqlen_k = total > *max_seqlen_k ? total : *max_seqlen_k;
-    }
-    return FLASHC_OK;
-}
-
-/* rotary_cos, rotary_sin: [S_ro, rotary_dim / 2], fp32 or q's dtype, both or neither. */
-static flashc_status fc_check_rotary(fc_ctx *c, const flashc_tensor *cos_t,
-                                     const flashc_tensor *sin_t) {
-    FC_CHECK_ARG(cos_t->data || !sin_t->data, "rotary_cos.data is NULL but rotary_sin is given");
-    FC_CHECK_ARG(sin_t->data || !cos_t->data, "rotary_sin.data is NULL but rotary_cos is given");
-    if (!cos_t->data) return FLASHC_OK;
-    fc_role r = {"rotary_cos", "[S_ro, rotary_dim / 2]", 2, FC_DT_FP32_OR_LIKE, c->q, "q", {{0}}};
-    FC_TRY(fc_check_tensor(c, cos_t, &r));
-    FC_TRY(fc_check_same(c, sin_t, "rotary_sin", cos_t, "rotary_cos", r.layout));
-    int64_t half = cos_t->shape[1];
-    FC_CHECK_ARG(half >= 1, "rotary_cos.shape[1]=0 but rotary_dim / 2 must be >= 1");
-    FC_CHECK_ARG(2 * half <= c->D, "rotary_cos.shape[1]=%lld gives rotary_dim=%lld but q.shape[3]=%lld",
-                 (long long)half, (long long)(2 * half), (long long)c->D);
-    return FLASHC_OK;
-}
-
-static flashc_status fc_prepare_kvcache(const flashc_kvcache_args *x, const flashc_params *p,
-                                        fc_call *call) {
-    fc_ctx c;
-    memset(&c, 0, sizeof c);
-    memset(call, 0, sizeof *call);
-    bool paged = x->block_table.data != NULL;
-
-    FC_TRY(fc_check_params(p));
-    FC_CHECK_ARG(p->dropout_p == 0.0f, "params.dropout_p=%g but must be 0 for flashc_fwd_kvcache",
-                 (double)p->dropout_p);
-    FC_TRY(fc_check_q(&c, &x->q, false));
-    FC_TRY(fc_check_k(&c, &x->k_cache, "k_cache", paged ? FC_KV_PAGED : FC_KV_CACHE));
-    FC_TRY(fc_check_same(&c, &x->v_cache, "v_cache", &x->k_cache, "k_cache", c.k_layout));
-    FC_CHECK_ARG(!paged || !x->cache_batch_idx.data,
-                 "cache_batch_idx is given with block_table: a paged cache has no batch index");
-    if (!paged && !x->cache_batch_idx.data)
-        FC_CHECK_ARG(x->k_cache.shape[0] >= c.B.n,
-                     "k_cache.shape[0]=%lld but q.shape[0]=%lld: without cache_batch_idx batch b "
-                     "uses cache row b",
-                     (long long)x->k_cache.shape[0], (long long)c.B.n);
-    FC_CHECK_ARG(x->k_new.data || !x->v_new.data, "k_new.data is NULL but v_new is given");
-    FC_CHECK_ARG(x->v_new.data || !x->k_new.data, "v_new.data is NULL but k_new is given");
-    if (x->k_new.data) {
-        fc_role r = {"k_new", "[B, S_new, Hk, D]", 4, FC_DT_LIKE, &x->q, "q",
-                     {c.B, {0}, FC_AS(&x->k_cache, "k_cache", 2), FC_AS(&x->q, "q", 3)}};
-        FC_TRY(fc_check_tensor(&c, &x->k_new, &r));
-        FC_TRY(fc_check_same(&c, &x->v_new, "v_new", &x->k_new, "k_new", r.layout));
-    }
-    FC_TRY(fc_check_same(&c, &x->out, "out", &x->q, "q", c.q_layout));
-    FC_TRY(fc_check_lse(&c, &x->softmax_lse, false));
-    FC_TRY(fc_check_alibi(&c, &x->alibi_slopes));
-    if (x->cache_seqlens.data && x->cache_seqlens.ndim == 0) {
-        fc_role r = {"cache_seqlens", "[] or [B]", 0, FC_DT_INT32, NULL, NULL, {{0}}};
-        FC_TRY(fc_check_tensor(&c, &x->cache_seqlens, &r));
-    } else {
-        FC_TRY(fc_check_vec_b(&c, &x->cache_seqlens, "cache_seqlens"));
-    }
-    FC_TRY(fc_check_vec_b(&c, &x->cache_batch_idx, "cache_batch_idx"));
-    FC_TRY(fc_check_vec_b(&c, &x->cache_leftpad, "cache_leftpad"));
-    FC_TRY(fc_check_block_table(&c, &x->block_table));
-    FC_TRY(fc_check_rotary(&c, &x->rotary_cos, &x->rotary_sin));
-
-    fc_kvcache *kc = &call->kc;
-    fc_attn *a = &kc->attn;
-    fc_resolve_options(a, p, c.D);
-    call->kv_capacity = paged ? x->block_table.shape[1] * x->k_cache.shape[1] : x->k_cache.shape[1];
-    /* shapes only, so on every device: without cache_seqlens every row is in use */
-    if (!x->cache_seqlens.data && x->k_new.data && c.B.n > 0)
-        FC_CHECK_ARG(x->k_new.shape[1] == 0,
-                     "k_new.shape[1]=%lld but cache_seqlens is absent, so the cache of %lld rows "
-                     "(%s) is full",
-                     (long long)x->k_new.shape[1], (long long)call->kv_capacity,
-                     paged ? "block_table.shape[1] * page_size" : "k_cache.shape[1]");
-    /* device values are not read: the capacity bounds every key length */
-    a->max_seqlen_k = call->kv_capacity;
-    if (c.device == FLASHC_DEVICE_CPU) FC_TRY(fc_check_kvcache_values(&c, x, call, &a->max_seqlen_k));
-    FC_TRY(fc_select_backend(&c, p->backend, &call->backend));
-
-    call->op = FC_OP_KVCACHE;
-    call->device = c.device;
-    call->kv = x;
-    a->batch = c.B.n;
-    a->heads = c.H;
-    a->kv_heads = c.Hk;
-    a->head_dim = c.D;
-    a->dtype = x->q.dtype;
-    a->max_seqlen_q = x->q.shape[1];
-    a->total_k = x->k_cache.shape[0];
-    if (paged) {
-        a->block_table = (const int32_t *)x->block_table.data;
-        a->bt_stride = x->block_table.stride[0];
-        a->bt_cols = x->block_table.shape[1];
-        a->page_size = x->k_cache.shape[1];
-    }
-    a->k_batch_idx = (const int32_t *)x->cache_batch_idx.data;
-    a->k_leftpad = (const int32_t *)x->cache_leftpad.data;
-    a->q = fc_view_of(&x->q);
-    a->k = fc_view_of(&x->k_cache);
-    a->v = fc_view_of(&x->v_cache);
-    a->out = fc_view_of(&x->out);
-    fc_set_extras(a, &x->softmax_lse, &x->alibi_slopes, NULL);
-    kc->k_new = fc_view_of(&x->k_new);
-    kc->v_new = fc_view_of(&x->v_new);
-    kc->seqlen_new = x->k_new.data ? x->k_new.shape[1] : 0;
-    kc->cache_seqlens_in = (const int32_t *)x->cache_seqlens.data;
-    kc->cache_seqlens_in_stride = x->cache_seqlens.ndim == 0 ? 0 : x->cache_seqlens.stride[0];
-    kc->kv_capacity = call->kv_capacity;
-    if (x->rotary_cos.data) {
-        kc->rotary_cos = x->rotary_cos.data;
-        kc->rotary_sin = x->rotary_sin.data;
-        kc->rotary_dtype = x->rotary_cos.dtype;
-        kc->rotary_dim = 2 * x->rotary_cos.shape[1];
-        kc->rotary_s_row = x->rotary_cos.stride[0];
-        kc->rotary_sin_s_row = x->rotary_sin.stride[0];
-        kc->rotary_seqlen = x->rotary_cos.shape[0];
-        kc->rotary_interleaved = p->rotary_interleaved != 0;
-    }
-    /* kc->cache_seqlens and a->seqlens_k point into api.c's workspace region,
-     * filled by fc_kv_fill just before the backend runs. */
-    return FLASHC_OK;
-}
-
-/* Fill api.c's region: cache_seqlens [B] then seqlens_k [B], and point kc at them. */
-static void fc_kv_fill(fc_call *call, int32_t *region) {
-    fc_kvcache *kc = &call->kc;
-    int64_t B = kc->attn.batch;
-    int32_t *used_b = region, *total_b = region + B;
-    for (int64_t b = 0; b < B; b++) {
-        int64_t used, pad;
-        fc_kv_lengths(call->kv, call->kv_capacity, b, &used, &pad);
-        used_b[b] = (int32_t)used;
-        total_b[b] = (int32_t)(used - pad + kc->seqlen_new);
-    }
-    kc->cache_seqlens = used_b;
-    kc->attn.seqlens_k = total_b;
-}
+#include "call.h"
 
 // ---- the launch log ----
 /* The dispatch line of FLASHC_LOG: the entry point, the backend that runs it,
@@ -880,7 +37,7 @@ static void fc_log_call(const fc_call *call, size_t ws_bytes, bool borrowed) {
     fc_log("%s: backend=%s dtype=%s B=%lld H=%lld Hk=%lld Sq=%lld Sk=%lld D=%lld causal=%d "
            "window=(%d,%d) softcap=%g dropout=%g alibi=%d page_size=%lld new=%lld rotary_dim=%lld "
            "workspace=%zu (%s)",
-           entry, flashc_backend_name(call->backend), flashc_dtype_name(a->dtype),
+           entry, flashc_backend_name(call->impl->id), flashc_dtype_name(a->dtype),
            (long long)a->batch, (long long)a->heads, (long long)a->kv_heads,
            (long long)a->max_seqlen_q, (long long)a->max_seqlen_k, (long long)a->head_dim,
            (int)a->causal, (int)a->window_left, (int)a->window_right, (double)a->softcap,
@@ -892,43 +49,36 @@ static void fc_log_call(const fc_call *call, size_t ws_bytes, bool borrowed) {
 // ---- workspace and dispatch ----
 enum { FC_WS_API, FC_WS_BACKEND, FC_WS_REGIONS };
 
-/* Bytes of each region and the total the call needs. */
+/* Whether api.c's region holds the kvcache lengths: values on the host. */
+static bool fc_call_has_lengths(const fc_call *call) {
+    return call->op == FC_OP_KVCACHE && call->device == FLASHC_DEVICE_CPU;
+}
+
+/* Step 2: the backend's own checks. */
+static flashc_status fc_call_supported(const fc_call *call) {
+    const fc_backend_impl *b = call->impl;
+    switch (call->op) {
+    case FC_OP_FWD: return b->fwd.supported ? b->fwd.supported(&call->attn) : FLASHC_OK;
+    case FC_OP_BWD: return b->bwd.supported ? b->bwd.supported(&call->attn) : FLASHC_OK;
+    case FC_OP_KVCACHE: return b->kvcache.supported ? b->kvcache.supported(&call->kc) : FLASHC_OK;
+    }
+    return fc_set_error(FLASHC_ERR_INTERNAL, "call.op=%d is not an operation", (int)call->op);
+}
+
+/* Step 3: bytes of each region and the total the call needs. */
 static size_t fc_call_layout(const fc_call *call, size_t off[FC_WS_REGIONS]) {
+    const fc_backend_impl *b = call->impl;
     size_t sizes[FC_WS_REGIONS] = {0, 0};
     switch (call->op) {
-    case FC_OP_FWD:
-#ifdef FLASHC_HAVE_CUDA
-        if (call->backend == FLASHC_BACKEND_CUDA) {
-            sizes[FC_WS_BACKEND] = fc_cuda_fwd_workspace(&call->attn);
-            break;
-        }
-#endif
-        sizes[FC_WS_BACKEND] = fc_cpu_fwd_workspace(&call->attn);
-        break;
-    case FC_OP_BWD:
-#ifdef FLASHC_HAVE_CUDA
-        if (call->backend == FLASHC_BACKEND_CUDA) {
-            sizes[FC_WS_BACKEND] = fc_cuda_bwd_workspace(&call->attn);
-            break;
-        }
-#endif
-        sizes[FC_WS_BACKEND] = fc_cpu_bwd_workspace(&call->attn);
-        break;
-    case FC_OP_KVCACHE:
-#ifdef FLASHC_HAVE_CUDA
-        if (call->backend == FLASHC_BACKEND_CUDA) {
-            sizes[FC_WS_BACKEND] = fc_cuda_kvcache_workspace(&call->kc);
-            break;
-        }
-#endif
-        sizes[FC_WS_API] = 2 * (size_t)call->kc.attn.batch * sizeof(int32_t);
-        sizes[FC_WS_BACKEND] = fc_cpu_kvcache_workspace(&call->kc);
-        break;
+    case FC_OP_FWD: sizes[FC_WS_BACKEND] = b->fwd.workspace(&call->attn); break;
+    case FC_OP_BWD: sizes[FC_WS_BACKEND] = b->bwd.workspace(&call->attn); break;
+    case FC_OP_KVCACHE: sizes[FC_WS_BACKEND] = b->kvcache.workspace(&call->kc); break;
     }
+    if (fc_call_has_lengths(call)) sizes[FC_WS_API] = 2 * (size_t)call->kc.attn.batch * sizeof(int32_t);
     return fc_ws_layout(FC_WS_REGIONS, sizes, off);
 }
 
-/* Check (or, on the convenience path, borrow) the workspace and run the backend. */
+/* Step 4: check (or, on the convenience path, borrow) the workspace and run. */
 static flashc_status fc_run(fc_call *call, void *ws, size_t ws_bytes) {
     size_t off[FC_WS_REGIONS];
     size_t need = fc_call_layout(call, off);
@@ -953,174 +103,51 @@ static flashc_status fc_run(fc_call *call, void *ws, size_t ws_bytes) {
     char *base = (char *)ws;
     void *bws = base ? base + off[FC_WS_BACKEND] : NULL;
     size_t bbytes = base ? ws_bytes - off[FC_WS_BACKEND] : 0;
+    if (fc_call_has_lengths(call) && call->kc.attn.batch > 0)
+        fc_call_kv_lengths(call, (int32_t *)(base + off[FC_WS_API]));
+    const fc_backend_impl *b = call->impl;
     flashc_status s = FLASHC_ERR_INTERNAL;
     switch (call->op) {
-    case FC_OP_FWD:
-#ifdef FLASHC_HAVE_CUDA
-        if (call->backend == FLASHC_BACKEND_CUDA) {
-            s = fc_cuda_fwd(&call->attn, bws, bbytes);
-            break;
-        }
-#endif
-        s = fc_cpu_fwd(&call->attn, bws, bbytes);
-        break;
-    case FC_OP_BWD:
-#ifdef FLASHC_HAVE_CUDA
-        if (call->backend == FLASHC_BACKEND_CUDA) {
-            s = fc_cuda_bwd(&call->attn, bws, bbytes);
-            break;
-        }
-#endif
-        s = fc_cpu_bwd(&call->attn, bws, bbytes);
-        break;
-    case FC_OP_KVCACHE:
-#ifdef FLASHC_HAVE_CUDA
-        if (call->backend == FLASHC_BACKEND_CUDA) {
-            s = fc_cuda_kvcache(&call->kc, bws, bbytes);
-            break;
-        }
-#endif
-        if (call->kc.attn.batch > 0) fc_kv_fill(call, (int32_t *)(base + off[FC_WS_API]));
-        s = fc_cpu_kvcache(&call->kc, bws, bbytes);
-        break;
+    case FC_OP_FWD: s = b->fwd.run(&call->attn, bws, bbytes); break;
+    case FC_OP_BWD: s = b->bwd.run(&call->attn, bws, bbytes); break;
+    case FC_OP_KVCACHE: s = b->kvcache.run(&call->kc, bws, bbytes); break;
     }
     fc_free(owned, call->device);
     return s;
 }
 
 // ---- public entry points ----
-/* Each public function: clear the error, prepare (args NULL, params NULL means
- * flashc_params_default()), then run or report the workspace size. */
-static flashc_status fc_prepare_fwd(const flashc_fwd_args *x, const flashc_params *p, fc_call *call) {
-    FC_CHECK_ARG(x, "args is NULL");
-    flashc_params def;
-    fc_operands o = fc_operands_fwd(x);
-    return fc_prepare_attention(&o, fc_params_or_default(p, &def), FC_OP_FWD, call);
-}
+/* Three functions per entry point NAME with arguments ARGS, prepared by
+ * PREPARE (prepare.c): NAME runs, NAME##_workspace_size sizes, NAME##_supported
+ * answers whether NAME would run. Each clears the last error first. */
+#define FC_ENTRY_POINT(NAME, ARGS, PREPARE)                                                     \
+    flashc_status NAME(const ARGS *args, const flashc_params *params, void *workspace,          \
+                       size_t workspace_bytes) {                                                \
+        fc_clear_error();                                                                       \
+        fc_call call;                                                                           \
+        FC_TRY(PREPARE(args, params, &call));                                                   \
+        return fc_run(&call, workspace, workspace_bytes);                                       \
+    }                                                                                           \
+    flashc_status NAME##_workspace_size(const ARGS *args, const flashc_params *params,          \
+                                        size_t *bytes) {                                        \
+        fc_clear_error();                                                                       \
+        FC_CHECK_ARG(bytes, "bytes is NULL");                                                   \
+        fc_call call;                                                                           \
+        FC_TRY(PREPARE(args, params, &call));                                                   \
+        FC_TRY(fc_call_supported(&call));                                                       \
+        size_t off[FC_WS_REGIONS];                                                              \
+        *bytes = fc_call_layout(&call, off);                                                    \
+        return FLASHC_OK;                                                                       \
+    }                                                                                           \
+    flashc_status NAME##_supported(const ARGS *args, const flashc_params *params) {             \
+        fc_clear_error();                                                                       \
+        fc_call call;                                                                           \
+        FC_TRY(PREPARE(args, params, &call));                                                   \
+        return fc_call_supported(&call);                                                        \
+    }
 
-static flashc_status fc_prepare_varlen_fwd(const flashc_varlen_fwd_args *x, const flashc_params *p,
-                                           fc_call *call) {
-    FC_CHECK_ARG(x, "args is NULL");
-    flashc_params def;
-    fc_operands o = fc_operands_varlen_fwd(x);
-    return fc_prepare_attention(&o, fc_params_or_default(p, &def), FC_OP_FWD, call);
-}
-
-static flashc_status fc_prepare_bwd(const flashc_bwd_args *x, const flashc_params *p, fc_call *call) {
-    FC_CHECK_ARG(x, "args is NULL");
-    flashc_params def;
-    fc_operands o = fc_operands_bwd(x);
-    return fc_prepare_attention(&o, fc_params_or_default(p, &def), FC_OP_BWD, call);
-}
-
-static flashc_status fc_prepare_varlen_bwd(const flashc_varlen_bwd_args *x, const flashc_params *p,
-                                           fc_call *call) {
-    FC_CHECK_ARG(x, "args is NULL");
-    flashc_params def;
-    fc_operands o = fc_operands_varlen_bwd(x);
-    return fc_prepare_attention(&o, fc_params_or_default(p, &def), FC_OP_BWD, call);
-}
-
-static flashc_status fc_prepare_kvcache_args(const flashc_kvcache_args *x, const flashc_params *p,
-                                             fc_call *call) {
-    FC_CHECK_ARG(x, "args is NULL");
-    flashc_params def;
-    return fc_prepare_kvcache(x, fc_params_or_default(p, &def), call);
-}
-
-static flashc_status fc_workspace_query(flashc_status prepared, const fc_call *call, size_t *bytes) {
-    if (prepared != FLASHC_OK) return prepared;
-    size_t off[FC_WS_REGIONS];
-    *bytes = fc_call_layout(call, off);
-    return FLASHC_OK;
-}
-
-flashc_status flashc_fwd(const flashc_fwd_args *args, const flashc_params *params, void *workspace,
-                         size_t workspace_bytes) {
-    fc_clear_error();
-    fc_call call;
-    FC_TRY(fc_prepare_fwd(args, params, &call));
-    return fc_run(&call, workspace, workspace_bytes);
-}
-
-flashc_status flashc_fwd_workspace_size(const flashc_fwd_args *args, const flashc_params *params,
-                                        size_t *bytes) {
-    fc_clear_error();
-    FC_CHECK_ARG(bytes, "bytes is NULL");
-    fc_call call;
-    return fc_workspace_query(fc_prepare_fwd(args, params, &call), &call, bytes);
-}
-
-flashc_status flashc_fwd_supported(const flashc_fwd_args *args, const flashc_params *params) {
-    fc_clear_error();
-    fc_call call;
-    FC_TRY(fc_prepare_fwd(args, params, &call));
-#ifdef FLASHC_HAVE_CUDA
-    if (call.backend == FLASHC_BACKEND_CUDA) return fc_cuda_fwd_supported(&call.attn);
-#endif
-    return FLASHC_OK;
-}
-
-flashc_status flashc_varlen_fwd(const flashc_varlen_fwd_args *args, const flashc_params *params,
-                                void *workspace, size_t workspace_bytes) {
-    fc_clear_error();
-    fc_call call;
-    FC_TRY(fc_prepare_varlen_fwd(args, params, &call));
-    return fc_run(&call, workspace, workspace_bytes);
-}
-
-flashc_status flashc_varlen_fwd_workspace_size(const flashc_varlen_fwd_args *args,
-                                               const flashc_params *params, size_t *bytes) {
-    fc_clear_error();
-    FC_CHECK_ARG(bytes, "bytes is NULL");
-    fc_call call;
-    return fc_workspace_query(fc_prepare_varlen_fwd(args, params, &call), &call, bytes);
-}
-
-flashc_status flashc_bwd(const flashc_bwd_args *args, const flashc_params *params, void *workspace,
-                         size_t workspace_bytes) {
-    fc_clear_error();
-    fc_call call;
-    FC_TRY(fc_prepare_bwd(args, params, &call));
-    return fc_run(&call, workspace, workspace_bytes);
-}
-
-flashc_status flashc_bwd_workspace_size(const flashc_bwd_args *args, const flashc_params *params,
-                                        size_t *bytes) {
-    fc_clear_error();
-    FC_CHECK_ARG(bytes, "bytes is NULL");
-    fc_call call;
-    return fc_workspace_query(fc_prepare_bwd(args, params, &call), &call, bytes);
-}
-
-flashc_status flashc_varlen_bwd(const flashc_varlen_bwd_args *args, const flashc_params *params,
-                                void *workspace, size_t workspace_bytes) {
-    fc_clear_error();
-    fc_call call;
-    FC_TRY(fc_prepare_varlen_bwd(args, params, &call));
-    return fc_run(&call, workspace, workspace_bytes);
-}
-
-flashc_status flashc_varlen_bwd_workspace_size(const flashc_varlen_bwd_args *args,
-                                               const flashc_params *params, size_t *bytes) {
-    fc_clear_error();
-    FC_CHECK_ARG(bytes, "bytes is NULL");
-    fc_call call;
-    return fc_workspace_query(fc_prepare_varlen_bwd(args, params, &call), &call, bytes);
-}
-
-flashc_status flashc_fwd_kvcache(const flashc_kvcache_args *args, const flashc_params *params,
-                                 void *workspace, size_t workspace_bytes) {
-    fc_clear_error();
-    fc_call call;
-    FC_TRY(fc_prepare_kvcache_args(args, params, &call));
-    return fc_run(&call, workspace, workspace_bytes);
-}
-
-flashc_status flashc_fwd_kvcache_workspace_size(const flashc_kvcache_args *args,
-                                                const flashc_params *params, size_t *bytes) {
-    fc_clear_error();
-    FC_CHECK_ARG(bytes, "bytes is NULL");
-    fc_call call;
-    return fc_workspace_query(fc_prepare_kvcache_args(args, params, &call), &call, bytes);
-}
+FC_ENTRY_POINT(flashc_fwd, flashc_fwd_args, fc_prepare_fwd)
+FC_ENTRY_POINT(flashc_varlen_fwd, flashc_varlen_fwd_args, fc_prepare_varlen_fwd)
+FC_ENTRY_POINT(flashc_bwd, flashc_bwd_args, fc_prepare_bwd)
+FC_ENTRY_POINT(flashc_varlen_bwd, flashc_varlen_bwd_args, fc_prepare_varlen_bwd)
+FC_ENTRY_POINT(flashc_fwd_kvcache, flashc_kvcache_args, fc_prepare_kvcache)

@@ -1,10 +1,11 @@
 /* internal.h : what the layers under include/flashc.h share.
  *
- * api.c validates every public argument and turns each entry point's args into
- * one normalised problem, fc_attn: resolved options, raw pointers and element
- * strides, and per-sequence lengths. The backends (src/cpu, src/cuda) and the
- * float64 reference (src/reference.c) read only fc_attn, never the public args
- * structs, so batched, varlen, paged and kvcache calls share one code path.
+ * prepare.c validates every public argument and turns each entry point's args
+ * into one normalised problem, fc_attn: resolved options, raw pointers and
+ * element strides, and per-sequence lengths. The backends (src/cpu, src/cuda)
+ * read only fc_attn, never the public args structs, so batched, varlen, paged
+ * and kvcache calls share one code path; api.c reaches them through the
+ * backend table below (src/backend.c).
  *
  * Not here: anything a caller sees (that is flashc.h), anything C++.
  */
@@ -16,6 +17,7 @@
 #include <stdint.h>
 
 #include "flashc.h"
+#include "common/window.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -42,7 +44,8 @@ void fc_clear_error(void);
  * fc_log() : write one line, "flashc: " + the printf-style text + "\n", to
  * stderr in one write. FC_LOG(...) does both, so a call site costs one branch
  * when the log is off. One line per dispatch (api.c) and per kernel launch
- * (src/cpu, src/cuda/launch.cu); the library prints nothing else.
+ * (src/cpu; src/cuda: fwd.cu, bwd.cu, kvcache.cu, plan.cu's repack); the
+ * library prints nothing else.
  * fc_log_reload() forgets the cached answer (tests that set FLASHC_LOG). */
 bool fc_log_on(void);
 void fc_log(const char *fmt, ...)
@@ -55,6 +58,10 @@ void fc_log_reload(void);
     do {                                    \
         if (fc_log_on()) fc_log(__VA_ARGS__); \
     } while (0)
+
+/* fc_check_abi() : FLASHC_OK if a struct's abi field (named name, e.g. "args.abi")
+ * is this library's FLASHC_ABI_VERSION, else FLASHC_ERR_INVALID_ARG naming both. */
+flashc_status fc_check_abi(const char *name, uint32_t abi);
 
 #define FC_TRY(expr)                         \
     do {                                     \
@@ -155,7 +162,11 @@ static inline int64_t fc_q_row(const fc_attn *a, const fc_view *v, int64_t b, in
                            : b * v->s_batch + i * v->s_seq;
 }
 
-/* Element offset of key row j of sequence b for a k-like operand (k, v, dk, dv). */
+/* Element offset of key row j of sequence b for a k-like operand (k, v, dk, dv):
+ * the rule stated at fc_attn's key rows. Cache row r = j + leftpad of a paged
+ * sequence is row r % page_size of page block_table[b*bt_stride + r/page_size];
+ * the GPU kernels' statement of the same rule is src/cuda/common/seqlens.cuh
+ * fc_paged (which also clamps the metadata the host never reads there). */
 static inline int64_t fc_kv_row(const fc_attn *a, const fc_view *v, int64_t b, int64_t j) {
     int64_t r = j + (a->k_leftpad ? a->k_leftpad[b] : 0);
     if (a->block_table) {
@@ -179,14 +190,14 @@ static inline float fc_alibi_slope(const fc_attn *a, int64_t b, int64_t h) {
 }
 
 /* Visible key range of query row i in a sequence of lengths (sq, sk): keys
- * j in [*lo, *hi) (empty when *lo >= *hi). Bottom-right aligned. */
+ * j in [*lo, *hi) (empty when *lo >= *hi), common/window.h's rule (bottom-right
+ * aligned) with *lo clamped at 0. */
 static inline void fc_key_range(const fc_attn *a, int64_t sq, int64_t sk, int64_t i,
                                 int64_t *lo, int64_t *hi) {
-    int64_t diag = i + sk - sq;
-    int64_t l = a->window_left >= 0 ? diag - a->window_left : 0;
-    int64_t h = a->window_right >= 0 ? diag + a->window_right + 1 : sk;
+    int64_t diag = FC_WINDOW_DIAG(i, sq, sk);
+    int64_t l = FC_WINDOW_LO(diag, (int64_t)a->window_left);
     *lo = l < 0 ? 0 : l;
-    *hi = h > sk ? sk : h;
+    *hi = FC_WINDOW_HI(diag, (int64_t)a->window_right, sk);
 }
 
 /* Threshold for the dropout test (see flashc.h): drop iff u16 < threshold. */
@@ -283,6 +294,41 @@ size_t fc_cpu_bwd_workspace(const fc_attn *a);
 flashc_status fc_cpu_bwd(const fc_attn *a, void *ws, size_t ws_bytes);
 size_t fc_cpu_kvcache_workspace(const fc_kvcache *kc);
 flashc_status fc_cpu_kvcache(const fc_kvcache *kc, void *ws, size_t ws_bytes);
+
+/* ---- the backend table (src/backend.c) ---- */
+/* One operation of one backend, on a problem api.c has validated:
+ *   supported  the backend's own checks (dtype, head dim, device, ...), nothing
+ *              run; NULL when the backend runs every validated problem;
+ *   workspace  the bytes `run` needs, asked only after `supported` said OK;
+ *   run        the operation, with at least that much workspace. */
+typedef struct fc_attn_op {
+    flashc_status (*supported)(const fc_attn *a);
+    size_t (*workspace)(const fc_attn *a);
+    flashc_status (*run)(const fc_attn *a, void *ws, size_t ws_bytes);
+} fc_attn_op;
+typedef struct fc_kvcache_op {
+    flashc_status (*supported)(const fc_kvcache *kc);
+    size_t (*workspace)(const fc_kvcache *kc);
+    flashc_status (*run)(const fc_kvcache *kc, void *ws, size_t ws_bytes);
+} fc_kvcache_op;
+
+/* A backend: where its tensors live, whether it can run in this process, its
+ * operations, and the memory of its device for the default allocator. */
+typedef struct fc_backend_impl {
+    flashc_backend id;
+    flashc_device device;
+    int (*usable)(void);
+    fc_attn_op fwd, bwd;
+    fc_kvcache_op kvcache;
+    void *(*malloc)(size_t bytes); /* aligned to FLASHC_WORKSPACE_ALIGN, or NULL */
+    void (*free)(void *p);
+} fc_backend_impl;
+
+/* The backend CPU or CUDA, or NULL when this build has none of that id (the
+ * one place that knows which backends are compiled in). */
+const fc_backend_impl *fc_backend_impl_of(flashc_backend id);
+/* The backend whose tensors live on dev (params.backend = auto picks it). */
+flashc_backend fc_backend_of_device(flashc_device dev);
 
 /* CPU backend settings (src/cpu/pool.c, src/cpu/simd.c). */
 int fc_cpu_num_threads(void);

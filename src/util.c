@@ -142,6 +142,16 @@ flashc_params flashc_params_default(void) {
     return p;
 }
 
+unsigned flashc_abi_version(void) { return FLASHC_ABI_VERSION; }
+
+flashc_status fc_check_abi(const char *name, uint32_t abi) {
+    FC_CHECK_ARG(abi == FLASHC_ABI_VERSION,
+                 "%s=%u but this library (flashc %s) has ABI version %d: compile against its "
+                 "flashc.h and set %s = FLASHC_ABI_VERSION (FLASHC_ARGS_INIT does for args)",
+                 name, (unsigned)abi, flashc_version(), FLASHC_ABI_VERSION, name);
+    return FLASHC_OK;
+}
+
 const char *flashc_version(void) {
 #define FC_STR2_(x) #x
 #define FC_STR_(x) FC_STR2_(x)
@@ -165,39 +175,25 @@ size_t fc_ws_layout(int n, const size_t *sizes, size_t *offsets) {
 }
 
 /* ---- allocator ---- */
-static void *fc_default_alloc(size_t bytes, flashc_device dev, void *user);
-static void fc_default_free(void *p, flashc_device dev, void *user);
-static flashc_allocator fc_allocator = {fc_default_alloc, fc_default_free, NULL};
-
-/* The CUDA backend provides these when compiled in (src/cuda/device.cu). */
-void *fc_cuda_malloc(size_t bytes);
-void fc_cuda_free(void *p);
-
+/* The default: the memory of the backend whose tensors live on dev (backend.c);
+ * NULL for a device this build has no backend for. */
 static void *fc_default_alloc(size_t bytes, flashc_device dev, void *user) {
     (void)user;
-    if (dev == FLASHC_DEVICE_CUDA) {
-#ifdef FLASHC_HAVE_CUDA
-        return fc_cuda_malloc(bytes);
-#else
-        return NULL;
-#endif
-    }
-    size_t rounded = (bytes + FLASHC_WORKSPACE_ALIGN - 1) / FLASHC_WORKSPACE_ALIGN * FLASHC_WORKSPACE_ALIGN;
-    return aligned_alloc(FLASHC_WORKSPACE_ALIGN, rounded ? rounded : FLASHC_WORKSPACE_ALIGN);
+    const fc_backend_impl *impl = fc_backend_impl_of(fc_backend_of_device(dev));
+    return impl ? impl->malloc(bytes) : NULL;
 }
 
 static void fc_default_free(void *p, flashc_device dev, void *user) {
     (void)user;
-    if (dev == FLASHC_DEVICE_CUDA) {
-#ifdef FLASHC_HAVE_CUDA
-        fc_cuda_free(p);
-#endif
-        return;
-    }
-    free(p);
+    const fc_backend_impl *impl = fc_backend_impl_of(fc_backend_of_device(dev));
+    if (impl) impl->free(p);
 }
 
-void flashc_set_allocator(const flashc_allocator *a) {
+static flashc_allocator fc_allocator = {FLASHC_ABI_VERSION, fc_default_alloc, fc_default_free, NULL};
+
+flashc_status flashc_set_allocator(const flashc_allocator *a) {
+    fc_clear_error();
+    if (a) FC_TRY(fc_check_abi("allocator.abi", a->abi));
     if (a && a->alloc && a->free) {
         fc_allocator = *a;
     } else {
@@ -205,6 +201,7 @@ void flashc_set_allocator(const flashc_allocator *a) {
         fc_allocator.free = fc_default_free;
         fc_allocator.user = NULL;
     }
+    return FLASHC_OK;
 }
 
 void *fc_alloc(size_t bytes, flashc_device dev) { return fc_allocator.alloc(bytes, dev, fc_allocator.user); }

@@ -23,6 +23,7 @@
 #include <stdio.h>
 
 #include "flashc.h"
+#include "support/check.h"
 
 typedef void (*fc_test_fn)(const void *param);
 
@@ -104,16 +105,12 @@ int fc_test_failed(void);
 const char *fc_test_skip_reason(void);
 
 /* ---- numeric comparison by the tolerance rule (DEVELOPERS.md) ---- */
-/* max |x - ref| over n doubles; NaN anywhere in x gives +inf. */
-double fc_max_abs_err(const double *x, const double *ref, int64_t n);
-/* Check got against ref64 with baseline lowp (the plain same-precision result):
- * pass iff max|got - ref64| <= 2 * max|lowp - ref64| + fc_atol(dt) * max(1, max|ref64|).
- * On failure prints what, both errors and the first few worst indices, and
- * records the failure. Returns 1 on pass. */
+/* Check got against ref64 with baseline lowp (the plain same-precision result,
+ * or NULL) by fc_tol_check (support/check.h). On failure prints what, both
+ * errors and the first few failing indices, and records the failure. Returns 1
+ * on pass. */
 int fc_check_close(const char *what, flashc_dtype dt, const double *got, const double *ref64,
                    const double *lowp, int64_t n);
-/* The absolute slack of the rule per dtype: 2^-8 (bf16), 2^-11 (fp16), 1e-5 (fp32). */
-double fc_atol(flashc_dtype dt);
 
 /* ---- data helpers ---- */
 /* Deterministic per-case random numbers (xorshift64*), seeded from the case name. */
@@ -123,9 +120,8 @@ double fc_rand_uniform(double lo, double hi);
 void fc_fill_random(void *p, flashc_dtype dt, int64_t n, double lo, double hi);
 /* Poison: fill n elements with NaN (float dtypes) so unwritten outputs fail. */
 void fc_poison(void *p, flashc_dtype dt, int64_t n);
-/* Read element i of dtype dt as double / convert a strided 4-d or 3-d tensor's
- * logical contents into a dense double array [shape...]. */
-double fc_get(const void *p, flashc_dtype dt, int64_t i);
+/* Convert a strided 4-d or 3-d tensor's logical contents into a dense double
+ * array [shape...] (element by element with fc_get, support/check.h). */
 void fc_tensor_to_double(const flashc_tensor *t, double *dst);
 
 #endif /* FLASHC_TEST_H */

@@ -263,6 +263,7 @@ void th_ws_free(void *ws, size_t bytes) {
 flashc_params th_params(const th_opts *o) {
     flashc_params p = flashc_params_default();
     p.causal = o->causal;
+    p.windowed = o->wl >= 0 || o->wr >= 0;
     p.window_left = o->wl;
     p.window_right = o->wr;
     p.softcap = o->softcap;
@@ -372,6 +373,7 @@ void th_nan_head(const char *what, double *got, double *ref, double *lowp, int64
 
 flashc_params th_edge_params(const th_edge *c) {
     flashc_params p = flashc_params_default();
+    p.windowed = c->wl >= 0 || c->wr >= 0;
     p.window_left = c->wl;
     p.window_right = c->wr;
     p.dropout_p = c->dropout;

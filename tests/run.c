@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/internal.h"
 #include "fc_test.h"
 
 typedef struct {
@@ -75,23 +74,11 @@ double fc_rand_uniform(double lo, double hi) {
 }
 
 void fc_fill_random(void *p, flashc_dtype dt, int64_t n, double lo, double hi) {
-    for (int64_t i = 0; i < n; i++) {
-        double v = fc_rand_uniform(lo, hi);
-        if (dt == FLASHC_DTYPE_INT32) ((int32_t *)p)[i] = (int32_t)v;
-        else fc_store(dt, p, i, (float)v);
-    }
+    for (int64_t i = 0; i < n; i++) fc_set(p, dt, i, fc_rand_uniform(lo, hi));
 }
 
 void fc_poison(void *p, flashc_dtype dt, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        if (dt == FLASHC_DTYPE_INT32) ((int32_t *)p)[i] = INT32_MIN;
-        else fc_store(dt, p, i, NAN);
-    }
-}
-
-double fc_get(const void *p, flashc_dtype dt, int64_t i) {
-    if (dt == FLASHC_DTYPE_INT32) return ((const int32_t *)p)[i];
-    return fc_load(dt, p, i);
+    for (int64_t i = 0; i < n; i++) fc_set(p, dt, i, dt == FLASHC_DTYPE_INT32 ? INT32_MIN : NAN);
 }
 
 void fc_tensor_to_double(const flashc_tensor *t, double *dst) {
@@ -110,47 +97,16 @@ void fc_tensor_to_double(const flashc_tensor *t, double *dst) {
                                       a * stride[0] + b * stride[1] + c * stride[2] + d * stride[3]);
 }
 
-/* ---- the tolerance rule ---- */
-double fc_atol(flashc_dtype dt) {
-    switch (dt) {
-    case FLASHC_DTYPE_BF16: return 1.0 / 256.0;
-    case FLASHC_DTYPE_FP16: return 1.0 / 2048.0;
-    default: return 1e-5;
-    }
-}
-
-double fc_max_abs_err(const double *x, const double *ref, int64_t n) {
-    double m = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        if (isnan(x[i]) != isnan(ref[i])) return INFINITY;
-        if (isnan(x[i])) continue;
-        if (isinf(x[i]) || isinf(ref[i])) {
-            if (x[i] != ref[i]) return INFINITY;
-            continue;
-        }
-        double e = fabs(x[i] - ref[i]);
-        if (e > m) m = e;
-    }
-    return m;
-}
-
+/* ---- the tolerance rule (tests/support/check.c), with the failure printed ---- */
 int fc_check_close(const char *what, flashc_dtype dt, const double *got, const double *ref64,
                    const double *lowp, int64_t n) {
-    double scale = 1.0;
-    for (int64_t i = 0; i < n; i++)
-        if (isfinite(ref64[i]) && fabs(ref64[i]) > scale) scale = fabs(ref64[i]);
-    double err = fc_max_abs_err(got, ref64, n);
-    double base = lowp ? fc_max_abs_err(lowp, ref64, n) : 0.0;
-    if (!isfinite(base)) base = 0.0; /* a baseline overflow must not loosen the bound */
-    double tol = 2.0 * base + fc_atol(dt) * scale;
-    if (err <= tol) return 1;
+    fc_tol_result r = fc_tol_check(dt, got, ref64, lowp, n);
+    if (r.pass) return 1;
     fc_test_fail(__FILE__, __LINE__, "%s: max err %.3g > tol %.3g (baseline err %.3g, n=%lld)", what,
-                 err, tol, base, (long long)n);
+                 r.err, r.tol, r.base, (long long)n);
     int shown = 0;
     for (int64_t i = 0; i < n && shown < 4; i++) {
-        int bad = isnan(got[i]) || (isinf(got[i]) || isinf(ref64[i]) ? got[i] != ref64[i]
-                                                                       : fabs(got[i] - ref64[i]) > tol);
-        if (bad) {
+        if (fc_abs_err(got[i], ref64[i]) > r.tol) {
             fprintf(stdout, "    [%lld] got %.9g want %.9g\n", (long long)i, got[i], ref64[i]);
             shown++;
         }

@@ -40,6 +40,7 @@ static void ta_make(ta_prob *t, int64_t s) {
     int64_t qs[4] = {2, s, 4, 8}, ks[4] = {2, s, 2, 8}, ls[3] = {2, 4, s};
     int64_t nq = 2 * s * 4 * 8, nk = 2 * s * 2 * 8, nl = 2 * 4 * s;
     memset(t, 0, sizeof *t);
+    t->f.abi = t->b.abi = FLASHC_ABI_VERSION;
     t->q = ta_buf(BF, nq, 0);
     t->k = ta_buf(BF, nk, 0);
     t->v = ta_buf(BF, nk, 0);
@@ -238,36 +239,119 @@ FC_TEST(api_tensor_contiguous) {
 FC_TEST(api_params_default) {
     flashc_params d = flashc_params_default();
     flashc_params i = FLASHC_PARAMS_INIT;
-    /* FLASHC_PARAMS_INIT and flashc_params_default() agree field by field */
-    FC_EXPECT_TRUE(d.softmax_scale == i.softmax_scale);
-    FC_EXPECT_EQ(d.causal, i.causal);
-    FC_EXPECT_EQ(d.window_left, i.window_left);
-    FC_EXPECT_EQ(d.window_right, i.window_right);
-    FC_EXPECT_TRUE(d.softcap == i.softcap);
-    FC_EXPECT_TRUE(d.dropout_p == i.dropout_p);
-    FC_EXPECT_TRUE(d.dropout_seed == i.dropout_seed);
-    FC_EXPECT_TRUE(d.dropout_offset == i.dropout_offset);
-    FC_EXPECT_EQ(d.deterministic, i.deterministic);
-    FC_EXPECT_EQ(d.rotary_interleaved, i.rotary_interleaved);
-    FC_EXPECT_EQ(d.num_splits, i.num_splits);
-    FC_EXPECT_EQ(d.backend, i.backend);
-    FC_EXPECT_TRUE(d.stream == i.stream);
-    FC_EXPECT_EQ(d.scale_given, i.scale_given);
-    /* flash_attn 2.x defaults: softmax_scale=None (1/sqrt(D)), causal=False,
+    flashc_params z;
+    memset(&z, 0, sizeof z);
+    /* the defaults are all zeros: flashc_params_default(), FLASHC_PARAMS_INIT and
+       a zeroed struct are the same bytes (padding included: memset) */
+    FC_EXPECT_TRUE(memcmp(&d, &z, sizeof z) == 0);
+    FC_EXPECT_TRUE(memcmp(&i, &z, sizeof z) == 0 || (i.softmax_scale == 0.0f && i.causal == 0 &&
+                                                     i.windowed == 0 && i.rotary_halves == 0 &&
+                                                     i.backend == FLASHC_BACKEND_AUTO &&
+                                                     i.stream == NULL));
+    /* and they are flash_attn 2.x's: softmax_scale=None (1/sqrt(D)), causal=False,
        window_size=(-1, -1), softcap=0.0, dropout_p=0.0, deterministic=False,
-       rotary_interleaved=True, num_splits=0 (heuristic) */
-    FC_EXPECT_TRUE(d.softmax_scale == 0.0f);
-    FC_EXPECT_EQ(d.causal, 0);
-    FC_EXPECT_EQ(d.window_left, -1);
-    FC_EXPECT_EQ(d.window_right, -1);
-    FC_EXPECT_TRUE(d.softcap == 0.0f);
-    FC_EXPECT_TRUE(d.dropout_p == 0.0f);
-    FC_EXPECT_TRUE(d.dropout_seed == 0 && d.dropout_offset == 0);
-    FC_EXPECT_EQ(d.deterministic, 0);
-    FC_EXPECT_EQ(d.rotary_interleaved, 1);
-    FC_EXPECT_EQ(d.num_splits, 0);
+       rotary_interleaved=True, num_splits=0 (heuristic), the tensors' backend */
+    FC_EXPECT_EQ(d.windowed, 0);
+    FC_EXPECT_EQ(d.rotary_halves, 0);
     FC_EXPECT_EQ(d.backend, FLASHC_BACKEND_AUTO);
-    FC_EXPECT_TRUE(d.stream == NULL);
+    FC_EXPECT_EQ(d.scale_given, 0);
+}
+
+/* A zeroed flashc_params runs exactly as params = NULL: the same bits out. */
+FC_TEST(api_params_zero_is_default) {
+    ta_prob t;
+    ta_make(&t, 9);
+    FC_EXPECT_STATUS(flashc_fwd(&t.f, NULL, NULL, 0), FLASHC_OK);
+    size_t n = 2 * 9 * 4 * 8 * 2;
+    void *want = malloc(n);
+    memcpy(want, t.out, n);
+    fc_poison(t.out, FLASHC_DTYPE_BF16, 2 * 9 * 4 * 8);
+    flashc_params z;
+    memset(&z, 0, sizeof z);
+    FC_EXPECT_STATUS(flashc_fwd(&t.f, &z, NULL, 0), FLASHC_OK);
+    FC_EXPECT_TRUE(memcmp(want, t.out, n) == 0);
+    free(want);
+    ta_free(&t);
+}
+
+/* windowed = 0 with a window edge set is refused with the fix in the message;
+   windowed = 1 with both edges -1 is no window at all. */
+FC_TEST(api_params_windowed) {
+    ta_prob t;
+    ta_make(&t, 9);
+    flashc_params p = flashc_params_default();
+    p.window_left = 3;
+    FC_EXPECT_STATUS(flashc_fwd(&t.f, &p, NULL, 0), FLASHC_ERR_INVALID_ARG);
+    FC_EXPECT_TRUE(strstr(flashc_last_error(), "windowed") != NULL);
+    p.window_left = -1;
+    p.window_right = -1;
+    FC_EXPECT_STATUS(flashc_fwd(&t.f, &p, NULL, 0), FLASHC_OK); /* -1: unbounded either way */
+    size_t n = 2 * 9 * 4 * 8 * 2;
+    void *want = malloc(n);
+    memcpy(want, t.out, n);
+    p.windowed = 1;
+    FC_EXPECT_STATUS(flashc_fwd(&t.f, &p, NULL, 0), FLASHC_OK);
+    FC_EXPECT_TRUE(memcmp(want, t.out, n) == 0);
+    p.windowed = 2;
+    FC_EXPECT_STATUS(flashc_fwd(&t.f, &p, NULL, 0), FLASHC_ERR_INVALID_ARG);
+    free(want);
+    ta_free(&t);
+}
+
+// ---- the ABI ----
+
+/* Every entry point, its workspace query and its supported query refuse args
+   of another ABI version, naming both versions, and write nothing. */
+FC_TEST(api_abi_args) {
+    ta_prob t;
+    ta_make(&t, 5);
+    const uint32_t bad[] = {0, FLASHC_ABI_VERSION - 1, FLASHC_ABI_VERSION + 1, 0xdeadbeefu};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        t.f.abi = t.b.abi = bad[i];
+        size_t bytes = 12345;
+        FC_EXPECT_STATUS(flashc_fwd(&t.f, &t.p, NULL, 0), FLASHC_ERR_INVALID_ARG);
+        char want[32];
+        snprintf(want, sizeof want, "args.abi=%u", (unsigned)bad[i]);
+        FC_EXPECT_TRUE(strstr(flashc_last_error(), want) != NULL);
+        FC_EXPECT_STATUS(flashc_fwd_workspace_size(&t.f, &t.p, &bytes), FLASHC_ERR_INVALID_ARG);
+        FC_EXPECT_TRUE(bytes == 12345);
+        FC_EXPECT_STATUS(flashc_fwd_supported(&t.f, &t.p), FLASHC_ERR_INVALID_ARG);
+        FC_EXPECT_STATUS(flashc_bwd(&t.b, &t.p, NULL, 0), FLASHC_ERR_INVALID_ARG);
+        FC_EXPECT_STATUS(flashc_bwd_workspace_size(&t.b, &t.p, &bytes), FLASHC_ERR_INVALID_ARG);
+        FC_EXPECT_STATUS(flashc_bwd_supported(&t.b, &t.p), FLASHC_ERR_INVALID_ARG);
+        flashc_varlen_fwd_args vf;
+        flashc_varlen_bwd_args vb;
+        flashc_kvcache_args kv;
+        memset(&vf, 0, sizeof vf);
+        memset(&vb, 0, sizeof vb);
+        memset(&kv, 0, sizeof kv);
+        vf.abi = vb.abi = kv.abi = bad[i];
+        FC_EXPECT_STATUS(flashc_varlen_fwd_supported(&vf, NULL), FLASHC_ERR_INVALID_ARG);
+        FC_EXPECT_STATUS(flashc_varlen_bwd_supported(&vb, NULL), FLASHC_ERR_INVALID_ARG);
+        FC_EXPECT_STATUS(flashc_fwd_kvcache_supported(&kv, NULL), FLASHC_ERR_INVALID_ARG);
+        FC_EXPECT_TRUE(strstr(flashc_last_error(), "args.abi") != NULL);
+    }
+    FC_EXPECT_TRUE(isnan(fc_get(t.out, FLASHC_DTYPE_BF16, 0))); /* nothing written */
+    t.f.abi = t.b.abi = FLASHC_ABI_VERSION;
+    FC_EXPECT_STATUS(flashc_fwd_supported(&t.f, &t.p), FLASHC_OK);
+    FC_EXPECT_STATUS(flashc_bwd_supported(&t.b, &t.p), FLASHC_OK);
+    FC_EXPECT_EQ(flashc_abi_version(), FLASHC_ABI_VERSION);
+    ta_free(&t);
+}
+
+/* *_supported answers as the run does: OK for what runs, the run's status and
+   message for what does not. */
+FC_TEST(api_supported_matches_run) {
+    ta_prob t;
+    ta_make(&t, 5);
+    FC_EXPECT_STATUS(flashc_bwd_supported(&t.b, &t.p), FLASHC_OK);
+    t.b.dq.shape[3] = 7; /* dq no longer like q */
+    FC_EXPECT_STATUS(flashc_bwd_supported(&t.b, &t.p), FLASHC_ERR_INVALID_ARG);
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s", flashc_last_error());
+    FC_EXPECT_STATUS(flashc_bwd(&t.b, &t.p, NULL, 0), FLASHC_ERR_INVALID_ARG);
+    FC_EXPECT_TRUE(strcmp(msg, flashc_last_error()) == 0);
+    ta_free(&t);
 }
 
 // ---- CPU settings ----
@@ -349,6 +433,8 @@ FC_TEST(api_cuda_device_info) {
     int n = flashc_cuda_device_count();
     FC_EXPECT_TRUE(n >= 0);
     flashc_cuda_device_info info;
+    memset(&info, 0, sizeof info);
+    info.abi = FLASHC_ABI_VERSION;
     const int bad[] = {-1, n, n + 7};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         flashc_status s = flashc_cuda_device_get_info(bad[i], &info);
@@ -361,9 +447,14 @@ FC_TEST(api_cuda_device_info) {
     }
     flashc_status s = flashc_cuda_device_get_info(0, NULL);
     FC_EXPECT_TRUE(s == FLASHC_ERR_INVALID_ARG || s == FLASHC_ERR_UNSUPPORTED);
+    info.abi = FLASHC_ABI_VERSION + 1; /* another header's struct */
+    FC_EXPECT_STATUS(flashc_cuda_device_get_info(0, &info), FLASHC_ERR_INVALID_ARG);
+    FC_EXPECT_TRUE(strstr(flashc_last_error(), "info.abi") != NULL);
     if (n > 0) {
         memset(&info, 0, sizeof info);
+        info.abi = FLASHC_ABI_VERSION;
         FC_EXPECT_STATUS(flashc_cuda_device_get_info(0, &info), FLASHC_OK);
+        FC_EXPECT_EQ(info.abi, FLASHC_ABI_VERSION);
         FC_EXPECT_TRUE(info.name[0] != '\0');
         FC_EXPECT_TRUE(info.major >= 1);
         FC_EXPECT_TRUE(info.multiprocessors >= 1);
@@ -428,8 +519,14 @@ FC_TEST(api_allocator) {
     }
     ta_count c;
     memset(&c, 0, sizeof c);
-    flashc_allocator a = {ta_alloc, ta_release, &c};
-    flashc_set_allocator(&a);
+    /* an allocator of another ABI version is refused and not installed */
+    flashc_allocator old = {FLASHC_ABI_VERSION - 1, ta_alloc, ta_release, &c};
+    FC_EXPECT_STATUS(flashc_set_allocator(&old), FLASHC_ERR_INVALID_ARG);
+    FC_EXPECT_TRUE(strstr(flashc_last_error(), "allocator.abi") != NULL);
+    FC_EXPECT_STATUS(flashc_bwd(&t.b, &t.p, NULL, 0), FLASHC_OK);
+    FC_EXPECT_EQ(c.allocs, 0);
+    flashc_allocator a = {FLASHC_ABI_VERSION, ta_alloc, ta_release, &c};
+    FC_EXPECT_STATUS(flashc_set_allocator(&a), FLASHC_OK);
     FC_EXPECT_STATUS(flashc_bwd(&t.b, &t.p, NULL, 0), FLASHC_OK);
     /* a caller workspace of the right size: the allocator is not asked */
     void *ws = need ? aligned_alloc(FLASHC_WORKSPACE_ALIGN,
@@ -464,8 +561,8 @@ FC_TEST(api_allocator_out_of_memory) {
     ta_count c;
     memset(&c, 0, sizeof c);
     c.fail = 1;
-    flashc_allocator a = {ta_alloc, ta_release, &c};
-    flashc_set_allocator(&a);
+    flashc_allocator a = {FLASHC_ABI_VERSION, ta_alloc, ta_release, &c};
+    FC_EXPECT_STATUS(flashc_set_allocator(&a), FLASHC_OK);
     int64_t nq = t.b.dq.shape[0] * t.b.dq.stride[0], nk = t.b.dk.shape[0] * t.b.dk.stride[0];
     size_t bq = (size_t)nq * 2, bk = (size_t)nk * 2;
     unsigned char *sq = malloc(bq), *sk = malloc(bk), *sv = malloc(bk);
@@ -473,9 +570,9 @@ FC_TEST(api_allocator_out_of_memory) {
     memcpy(sk, t.dk, bk);
     memcpy(sv, t.dv, bk);
     flashc_status s = flashc_bwd(&t.b, &t.p, NULL, 0);
-    flashc_set_allocator(NULL);
-    FC_EXPECT_STATUS(s, FLASHC_ERR_OUT_OF_MEMORY);
     FC_EXPECT_TRUE(flashc_last_error()[0] != '\0');
+    flashc_set_allocator(NULL); /* a flashc call: clears the last error */
+    FC_EXPECT_STATUS(s, FLASHC_ERR_OUT_OF_MEMORY);
     FC_EXPECT_TRUE(c.allocs >= 1);
     FC_EXPECT_EQ(c.frees, 0);
     FC_EXPECT_TRUE(memcmp(sq, t.dq, bq) == 0 && memcmp(sk, t.dk, bk) == 0 &&

@@ -138,6 +138,7 @@ static int32_t *bi_ints(bi_problem *pr, const char *name) {
 /* The base problem of `kind`, every sequence length times m. */
 static void bi_build(bi_problem *pr, bi_kind kind, int64_t m) {
     memset(pr, 0, sizeof *pr);
+    pr->a.fwd.abi = FLASHC_ABI_VERSION; /* every args struct starts with abi */
     pr->kind = kind;
     pr->p = flashc_params_default();
     const int f = m == 1 ? 33 : 1; /* room for D = 257 in the small problem */
@@ -417,6 +418,7 @@ static float *bi_param_f(flashc_params *p, const char *name) {
 
 static int32_t *bi_param_i(flashc_params *p, const char *name) {
     if (!strcmp(name, "causal")) return &p->causal;
+    if (!strcmp(name, "windowed")) return &p->windowed;
     if (!strcmp(name, "window_left")) return &p->window_left;
     if (!strcmp(name, "window_right")) return &p->window_right;
     if (!strcmp(name, "num_splits")) return &p->num_splits;
@@ -567,8 +569,10 @@ static const bi_case bi_cases[] = {
     {"softmax_scale_nan", ALL, RQ, {PF("softmax_scale", NAN)}, INV, "softmax_scale", 0},
     {"softcap_negative", ALL, RQ, {PF("softcap", -1.0)}, INV, "softcap", 0},
     {"softcap_nan", ALL, RQ, {PF("softcap", NAN)}, INV, "softcap", 0},
-    {"window_left_m2", ALL, RQ, {PI("window_left", -2)}, INV, "window_left", 0},
-    {"window_right_m5", ALL, RQ, {PI("window_right", -5)}, INV, "window_right", 0},
+    {"windowed_2", ALL, RQ, {PI("windowed", 2)}, INV, "windowed", 0},
+    {"window_off_left_3", ALL, RQ, {PI("window_left", 3)}, INV, "windowed", 0},
+    {"window_left_m2", ALL, RQ, {PI("windowed", 1), PI("window_left", -2)}, INV, "window_left", 0},
+    {"window_right_m5", ALL, RQ, {PI("windowed", 1), PI("window_right", -5)}, INV, "window_right", 0},
     {"causal_2", ALL, RQ, {PI("causal", 2)}, INV, "causal", 0},
     {"backend_99", ALL, RQ, {PI("backend", 99)}, INV, "backend", 0},
     {"backend_m1", ALL, RQ, {PI("backend", -1)}, INV, "backend", 0},

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/reference.h"
+#include "support/reference.h"
 #include "fc_test.h"
 #include "helpers.h"
 
@@ -76,6 +76,7 @@ static void bw_body(const bw_case *c, th_arena *ar) {
     // ---- inputs ----
     flashc_bwd_args a;
     memset(&a, 0, sizeof a);
+    a.abi = FLASHC_ABI_VERSION;
     th_buf *dqb = th_buf_in(ar), *dkb = dqb, *dvb = dqb;
     if (c->layout == BW_QKVPACKED) {
         flashc_tensor t[3];
@@ -117,6 +118,7 @@ static void bw_body(const bw_case *c, th_arena *ar) {
     /* out and lse of the forward, from the reference */
     flashc_fwd_args f;
     memset(&f, 0, sizeof f);
+    f.abi = FLASHC_ABI_VERSION;
     f.q = a.q;
     f.k = a.k;
     f.v = a.v;
@@ -210,12 +212,14 @@ FC_TEST(bwd_reference_finite_differences) {
     const int64_t qs[4] = {B, Sq, H, D}, ks[4] = {B, Sk, Hk, D}, as[2] = {B, H};
     flashc_fwd_args f;
     memset(&f, 0, sizeof f);
+    f.abi = FLASHC_ABI_VERSION;
     f.q = flashc_tensor_contiguous(q, FLASHC_DTYPE_FP32, 4, qs, FLASHC_DEVICE_CPU);
     f.k = flashc_tensor_contiguous(k, FLASHC_DTYPE_FP32, 4, ks, FLASHC_DEVICE_CPU);
     f.v = flashc_tensor_contiguous(v, FLASHC_DTYPE_FP32, 4, ks, FLASHC_DEVICE_CPU);
     f.alibi_slopes = flashc_tensor_contiguous(slopes, FLASHC_DTYPE_FP32, 2, as, FLASHC_DEVICE_CPU);
     flashc_bwd_args a;
     memset(&a, 0, sizeof a);
+    a.abi = FLASHC_ABI_VERSION;
     a.q = f.q;
     a.k = f.k;
     a.v = f.v;
@@ -262,6 +266,7 @@ FC_TEST(bwd_reference_lowp_fp32) {
     const int64_t qs[4] = {B, Sq, H, D}, ks[4] = {B, Sk, Hk, D};
     flashc_bwd_args a;
     memset(&a, 0, sizeof a);
+    a.abi = FLASHC_ABI_VERSION;
     a.q = th_new(th_buf_in(&ar), FLASHC_DTYPE_FP32, 4, qs, TH_CONTIG, -3.0, 3.0);
     a.k = th_new(th_buf_in(&ar), FLASHC_DTYPE_FP32, 4, ks, TH_CONTIG, -1.0, 1.0);
     a.v = th_new(th_buf_in(&ar), FLASHC_DTYPE_FP32, 4, ks, TH_CONTIG, -1.0, 1.0);
@@ -275,6 +280,7 @@ FC_TEST(bwd_reference_lowp_fp32) {
     flashc_params p = th_params(&opt);
     flashc_fwd_args f;
     memset(&f, 0, sizeof f);
+    f.abi = FLASHC_ABI_VERSION;
     f.q = a.q;
     f.k = a.k;
     f.v = a.v;

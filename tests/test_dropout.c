@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/reference.h"
+#include "support/reference.h"
 #include "fc_test.h"
 #include "helpers.h"
 
@@ -114,6 +114,7 @@ static double *dr_probs(th_arena *ar, const dr_problem *pr, const flashc_fwd_arg
 static flashc_fwd_args dr_args(th_arena *ar, const dr_problem *pr) {
     flashc_fwd_args a;
     memset(&a, 0, sizeof a);
+    a.abi = FLASHC_ABI_VERSION;
     int64_t qs[4] = {pr->B, pr->Sq, pr->H, pr->D}, ks[4] = {pr->B, pr->Sk, pr->Hk, pr->D};
     a.q = th_new(th_buf_in(ar), pr->dt, 4, qs, TH_CONTIG, -3.0, 3.0);
     a.k = th_new(th_buf_in(ar), pr->dt, 4, ks, TH_CONTIG, -1.0, 1.0);
@@ -197,6 +198,7 @@ FC_TEST(dropout_varlen_signs) {
     th_arena ar = {0};
     flashc_varlen_fwd_args a;
     memset(&a, 0, sizeof a);
+    a.abi = FLASHC_ABI_VERSION;
     a.q = th_new(th_buf_in(&ar), FLASHC_DTYPE_FP32, 3, (int64_t[]){tq, H, D}, TH_CONTIG, -3.0, 3.0);
     a.k = th_new(th_buf_in(&ar), FLASHC_DTYPE_FP32, 3, (int64_t[]){tk, H, D}, TH_CONTIG, -1.0, 1.0);
     a.v = th_new(th_buf_in(&ar), FLASHC_DTYPE_FP32, 3, (int64_t[]){tk, H, D}, TH_CONTIG, -1.0, 1.0);

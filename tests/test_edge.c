@@ -17,7 +17,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../src/reference.h"
+#include "support/reference.h"
 #include "fc_test.h"
 #include "helpers.h"
 
@@ -37,6 +37,7 @@ static void ed_run(const void *param) {
     int64_t qs[4] = {B, Sq, H, D}, ks[4] = {B, Sk, H, D}, ls[3] = {B, H, Sq};
     flashc_bwd_args a;
     memset(&a, 0, sizeof a);
+    a.abi = FLASHC_ABI_VERSION;
     a.q = th_new(th_buf_in(&ar), dt, 4, qs, TH_CONTIG, -3.0, 3.0);
     a.k = th_new(th_buf_in(&ar), dt, 4, ks, TH_CONTIG, -1.0, 1.0);
     a.v = th_new(th_buf_in(&ar), dt, 4, ks, TH_CONTIG, -1.0, 1.0);
@@ -54,6 +55,7 @@ static void ed_run(const void *param) {
 
     flashc_fwd_args f;
     memset(&f, 0, sizeof f);
+    f.abi = FLASHC_ABI_VERSION;
     f.q = a.q, f.k = a.k, f.v = a.v, f.out = a.out, f.softmax_lse = a.softmax_lse;
     f.alibi_slopes = a.alibi_slopes;
     FC_ASSERT_OK(flashc_fwd(&f, &p, NULL, 0));

@@ -1,4 +1,4 @@
-/* test_fwd.c : flashc_fwd against the float64 reference (src/reference.c) by the
+/* test_fwd.c : flashc_fwd against the float64 reference (tests/support/reference.c) by the
  * tolerance rule of DEVELOPERS.md.
  *
  * The sweep is pairwise rather than a full cross product: a head-dim sweep (every
@@ -14,7 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../src/reference.h"
+#include "support/reference.h"
 #include "fc_test.h"
 #include "helpers.h"
 
@@ -62,6 +62,7 @@ static void fwd_body(const fwd_case *c, th_arena *ar) {
     const double qr = c->qr;
     flashc_fwd_args a;
     memset(&a, 0, sizeof a);
+    a.abi = FLASHC_ABI_VERSION;
     th_buf *qb = th_buf_in(ar), *kb = qb, *vb = qb;
     if (c->layout == FWD_QKVPACKED) {
         th_buf_new(qb, dt, B * Sq * 3 * H * D, -1.0, 1.0);

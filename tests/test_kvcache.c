@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/reference.h"
+#include "support/reference.h"
 #include "fc_test.h"
 #include "helpers.h"
 
@@ -38,7 +38,7 @@ typedef struct kv_case {
     int lp[KV_MAXB];
     int Snew;         /* rows of k_new / v_new, 0 = none */
     int rotary;       /* rotary_dim, 0 = none */
-    int interleaved;  /* params.rotary_interleaved */
+    int interleaved;  /* params.rotary_halves == 0 */
     int rot_dtype;    /* cos/sin in q's dtype instead of fp32 */
     int padded;       /* q, caches and out with padded strides */
     th_opts o;
@@ -70,6 +70,7 @@ static void kv_body(const kv_case *c, th_arena *ar) {
 
     flashc_kvcache_args a;
     memset(&a, 0, sizeof a);
+    a.abi = FLASHC_ABI_VERSION;
     th_buf *qb = th_buf_in(ar);
     a.q = th_new(qb, dt, 4, qs, lay, -3.0, 3.0);
 
@@ -136,7 +137,7 @@ static void kv_body(const kv_case *c, th_arena *ar) {
     a.out = th_new_out(ob, dt, 4, qs, lay);
     if (c->lse) a.softmax_lse = th_new_out(lb, FLASHC_DTYPE_FP32, 3, (int64_t[]){B, H, Sq}, lay);
     flashc_params p = th_params(&c->o);
-    p.rotary_interleaved = c->interleaved;
+    p.rotary_halves = !c->interleaved;
     p.num_splits = c->num_splits;
     th_buf *ins[6] = {qb, kcb, vcb, knb, vnb, cb};
     for (int i = 0; i < 6; i++)

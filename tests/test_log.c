@@ -35,6 +35,7 @@ static void tl_make(tl_prob *t) {
     const int64_t qs[4] = {1, TL_S, 2, 8}, ks[4] = {1, TL_S, 1, 8}, ls[3] = {1, 2, TL_S};
     const int64_t q1[4] = {1, 1, 2, 8}, nb[1] = {1};
     memset(t, 0, sizeof *t);
+    t->f.abi = t->b.abi = t->kv.abi = FLASHC_ABI_VERSION;
     fc_fill_random(t->q, BF, TL_NQ, -1.0, 1.0);
     fc_fill_random(t->k, BF, TL_NK, -1.0, 1.0);
     fc_fill_random(t->v, BF, TL_NK, -1.0, 1.0);

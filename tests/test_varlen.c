@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/reference.h"
+#include "support/reference.h"
 #include "fc_test.h"
 #include "helpers.h"
 
@@ -68,6 +68,7 @@ static void vl_fwd_body(const vl_case *c, th_arena *ar) {
 
     flashc_varlen_fwd_args a;
     memset(&a, 0, sizeof a);
+    a.abi = FLASHC_ABI_VERSION;
     a.cu_seqlens_q = th_new_i32(th_buf_in(ar), 1, B + 1, cuq);
     a.cu_seqlens_k = th_new_i32(th_buf_in(ar), 1, B + 1, cuk);
     a.max_seqlen_q = maxq;
@@ -173,6 +174,7 @@ static void vl_bwd_body(const vl_case *c, th_arena *ar) {
 
     flashc_varlen_bwd_args a;
     memset(&a, 0, sizeof a);
+    a.abi = FLASHC_ABI_VERSION;
     a.cu_seqlens_q = th_new_i32(th_buf_in(ar), 1, B + 1, cuq);
     a.cu_seqlens_k = th_new_i32(th_buf_in(ar), 1, B + 1, cuk);
     a.max_seqlen_q = maxq;
@@ -187,6 +189,7 @@ static void vl_bwd_body(const vl_case *c, th_arena *ar) {
     /* out and lse of the forward, from the reference */
     flashc_varlen_fwd_args f;
     memset(&f, 0, sizeof f);
+    f.abi = FLASHC_ABI_VERSION;
     f.q = a.q;
     f.k = a.k;
     f.v = a.v;

@@ -11,7 +11,7 @@ dim needs. For each family F, head dim D and dtype it writes
                                              for causal = false, true
     src/cuda/F/inst/instances.h              their extern declarations and
                                              FC_F_FWD_HEADDIMS(X), the list
-                                             launch.cu's switch is built from
+                                             the dispatch switch is built from
 
 and from FC_SM80_BWD_TILES and FC_SM90_BWD_TILES in src/cuda/traits.h the
 backward's, for F = sm80, sm90:
@@ -29,11 +29,15 @@ kernel's instances:
                                                   FC_SM80_DECODE_HEADDIMS(X)
 
 Every output starts "generated; do not edit". Run from anywhere:
-    python3 tools/gen_instances.py
+    python3 tools/gen_instances.py           write what differs, remove stale *_d*.cu
+    python3 tools/gen_instances.py --check   write nothing; exit 1 naming each file
+                                             that is not current (test.sh, CI)
 """
 import pathlib
 import re
 import sys
+
+import generated
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TRAITS = ROOT / "src" / "cuda" / "traits.h"
@@ -73,7 +77,7 @@ def instances_h(fam, dims, dir_="fwd", args=LAUNCH_ARGS, params=("params.h", "fc
     guard = f"FLASHC_CUDA_{F}_{'' if dir_ == 'fwd' else 'BWD_'}INSTANCES_H"
     what = "forward" if dir_ == "fwd" else "backward"
     out = [HEADER,
-           f"// The {fam} {what} instances that exist, for launch.cu. A build trimmed with\n",
+           f"// The {fam} {what} instances that exist, for {'fwd.cu' if dir_ == 'fwd' else 'bwd.cu'}. A build trimmed with\n",
            f"// FLASHC_CUDA_HEADDIMS (or without the family's arch) defines FC_{T}_HD_<D>=0\n",
            "// for the head dims it leaves out.\n",
            f"#ifndef {guard}\n#define {guard}\n\n",
@@ -113,7 +117,7 @@ def decode_instance_file(d, ty):
 
 def decode_instances_h(dims):
     out = [DECODE_HEADER,
-           "// The sm80 decode instances that exist, for launch.cu. A build trimmed with\n",
+           "// The sm80 decode instances that exist, for kvcache.cu. A build trimmed with\n",
            "// FLASHC_CUDA_HEADDIMS defines FC_SM80_DECODE_HD_<D>=0 for the head dims it leaves out.\n",
            "#ifndef FLASHC_CUDA_SM80_DECODE_INSTANCES_H\n#define FLASHC_CUDA_SM80_DECODE_INSTANCES_H\n\n",
            "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cuda_runtime.h>\n\n",
@@ -135,45 +139,34 @@ def decode_instances_h(dims):
     return "".join(out)
 
 
-def write_instances(inst, prefix, dims, file_text, header, header_text):
-    """inst/{prefix}_d{D}_{dtype}.cu for each head dim and dtype, the header, and
-    no stale {prefix}_d*.cu."""
-    inst.mkdir(parents=True, exist_ok=True)
-    want = set()
+def instances(files, stale, inst, prefix, dims, file_text, header, header_text):
+    """Into files: inst/{prefix}_d{D}_{dtype}.cu for each head dim and dtype, and
+    the header; into stale: every other inst/{prefix}_d*.cu."""
     for d in dims:
         for name, ty in DTYPES:
-            path = inst / f"{prefix}_d{d}_{name}.cu"
-            want.add(path.name)
-            write(path, file_text(d, ty))
-    write(inst / header, header_text)
-    for stale in inst.glob(f"{prefix}_d*.cu"):
-        if stale.name not in want:
-            stale.unlink()
-            print(f"removed {stale.relative_to(ROOT)}")
+            files[inst / f"{prefix}_d{d}_{name}.cu"] = file_text(d, ty)
+    files[inst / header] = header_text
+    stale.extend(sorted(p for p in inst.glob(f"{prefix}_d*.cu") if p not in files))
 
 
-def write(path, text):
-    if not path.exists() or path.read_text() != text:
-        path.write_text(text)
-        print(f"wrote {path.relative_to(ROOT)}")
-
-
-def main():
+def generate():
+    files, stale = {}, []
     for fam in FAMILIES:
         dims = table_dims(TRAITS, f"FC_{fam.upper()}_FWD_TILES")
-        write_instances(ROOT / "src" / "cuda" / fam / "inst", "fwd", dims,
-                        lambda d, ty, fam=fam: instance_file(fam, d, ty), "instances.h",
-                        instances_h(fam, dims))
+        instances(files, stale, ROOT / "src" / "cuda" / fam / "inst", "fwd", dims,
+                  lambda d, ty, fam=fam: instance_file(fam, d, ty), "instances.h",
+                  instances_h(fam, dims))
     for fam in FAMILIES:
         dims = table_dims(TRAITS, f"FC_{fam.upper()}_BWD_TILES")
-        write_instances(ROOT / "src" / "cuda" / fam / "inst", "bwd", dims,
-                        lambda d, ty, fam=fam: instance_file(fam, d, ty, "bwd", BWD_ARGS),
-                        "bwd_instances.h",
-                        instances_h(fam, dims, "bwd", BWD_ARGS, ("bwd_params.h", "fc_cuda_bwd_params")))
+        instances(files, stale, ROOT / "src" / "cuda" / fam / "inst", "bwd", dims,
+                  lambda d, ty, fam=fam: instance_file(fam, d, ty, "bwd", BWD_ARGS),
+                  "bwd_instances.h",
+                  instances_h(fam, dims, "bwd", BWD_ARGS, ("bwd_params.h", "fc_cuda_bwd_params")))
     dims = table_dims(DECODE_TRAITS, "FC_SM80_DECODE_TILES")
-    write_instances(INST, "decode", dims, decode_instance_file, "decode_instances.h",
-                    decode_instances_h(dims))
+    instances(files, stale, INST, "decode", dims, decode_instance_file, "decode_instances.h",
+              decode_instances_h(dims))
+    return files, stale
 
 
 if __name__ == "__main__":
-    main()
+    generated.main(__doc__, generate)

@@ -30,11 +30,15 @@ N = D * Br / 128):
 
 d += A B when scale_d != 0, d = A B when scale_d == 0. The output starts
 "generated; do not edit". Run from anywhere:
-    python3 tools/gen_wgmma.py
+    python3 tools/gen_wgmma.py           write it when it differs
+    python3 tools/gen_wgmma.py --check   write nothing; exit 1 when it is not
+                                         current (test.sh, CI)
 """
 import pathlib
 import re
 import sys
+
+import generated
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TRAITS = ROOT / "src" / "cuda" / "traits.h"
@@ -141,13 +145,10 @@ def header(ns, ns_mn, ns_bmn):
     return "".join(out)
 
 
-def main():
+def generate():
     ns, ns_mn, ns_bmn = bwd_widths()
-    text = header(sorted(set(widths()) | ns | ns_mn | ns_bmn), ns_mn, ns_bmn)
-    if not OUT.exists() or OUT.read_text() != text:
-        OUT.write_text(text)
-        print(f"wrote {OUT.relative_to(ROOT)}")
+    return {OUT: header(sorted(set(widths()) | ns | ns_mn | ns_bmn), ns_mn, ns_bmn)}, []
 
 
 if __name__ == "__main__":
-    main()
+    generated.main(__doc__, generate)

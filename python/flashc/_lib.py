@@ -35,21 +35,36 @@ class Tensor(ctypes.Structure):
                 ("device", ctypes.c_int)]
 
 
+# FLASHC_ABI_VERSION of the flashc.h these structs mirror: the library rejects args
+# of any other version, and _load refuses a library of another one.
+ABI_VERSION = 3
+
+
 class Params(ctypes.Structure):
-    _fields_ = [("softmax_scale", ctypes.c_float), ("causal", ctypes.c_int32),
+    _fields_ = [("softmax_scale", ctypes.c_float), ("scale_given", ctypes.c_int32),
+                ("causal", ctypes.c_int32), ("windowed", ctypes.c_int32),
                 ("window_left", ctypes.c_int32), ("window_right", ctypes.c_int32),
                 ("softcap", ctypes.c_float), ("dropout_p", ctypes.c_float),
                 ("dropout_seed", ctypes.c_uint64), ("dropout_offset", ctypes.c_uint64),
-                ("deterministic", ctypes.c_int32), ("rotary_interleaved", ctypes.c_int32),
+                ("deterministic", ctypes.c_int32), ("rotary_halves", ctypes.c_int32),
                 ("num_splits", ctypes.c_int32), ("backend", ctypes.c_int),
-                ("stream", ctypes.c_void_p), ("scale_given", ctypes.c_int32)]
+                ("stream", ctypes.c_void_p)]
+
+
+class _Args(ctypes.Structure):
+    """An args struct: abi set to ABI_VERSION, every tensor absent."""
+
+    def __init__(self):
+        super().__init__()
+        self.abi = ABI_VERSION
 
 
 def _args_struct(name, fields):
-    """A ctypes struct of flashc_tensor fields, with int64 fields where named so."""
+    """An args struct: abi, then flashc_tensor fields, with int64 fields where named so."""
     ints = ("max_seqlen_q", "max_seqlen_k")
-    return type(name, (ctypes.Structure,),
-                {"_fields_": [(f, ctypes.c_int64 if f in ints else Tensor) for f in fields]})
+    return type(name, (_Args,),
+                {"_fields_": [("abi", ctypes.c_uint32)] +
+                             [(f, ctypes.c_int64 if f in ints else Tensor) for f in fields]})
 
 
 FwdArgs = _args_struct("FwdArgs", ("q", "k", "v", "out", "softmax_lse", "alibi_slopes",
@@ -129,10 +144,17 @@ def _load():
     lib.flashc_backend_available.restype = ctypes.c_int
     lib.flashc_backend_available.argtypes = [ctypes.c_int]
     lib.flashc_version_number.restype = ctypes.c_uint
-    # Params above is the 0.2 layout (scale_given); an older library reads less of it
-    if lib.flashc_version_number() < 200:
-        raise ImportError("flashc: %s is libflashc %s, but this package needs 0.2 or later "
-                          "(rebuild the library)" % (path, lib.flashc_version().decode()))
+    # the structs above are ABI_VERSION's layout: a library of another version (or
+    # one from before flashc_abi_version, flashc 0.3) would misread them
+    abi = None
+    if hasattr(lib, "flashc_abi_version"):
+        lib.flashc_abi_version.restype = ctypes.c_uint
+        abi = lib.flashc_abi_version()
+    if abi != ABI_VERSION:
+        raise ImportError("flashc: %s is libflashc %s with ABI version %s, but this package "
+                          "needs ABI version %d: rebuild the library from this package's source "
+                          "tree" % (path, lib.flashc_version().decode(),
+                                    "unknown (before 0.3)" if abi is None else abi, ABI_VERSION))
     return lib
 
 

@@ -93,9 +93,12 @@ def _run(entry, args, device, rename=None, **fields):
 
 def _mask_params(dropout_p, softmax_scale, causal, window_left, window_right, softcap):
     """params fields; softmax_scale None is the library's default 1/sqrt(headdim), any
-    number (0.0 included: uniform attention) is used as given."""
+    number (0.0 included: uniform attention) is used as given; a window side of -1 is
+    unbounded (flash_attn's encoding), and the library's windowed flag is set unless
+    both are."""
     return dict(dropout_p=dropout_p, softmax_scale=0.0 if softmax_scale is None else softmax_scale,
                 scale_given=int(softmax_scale is not None), causal=int(causal),
+                windowed=int(window_left >= 0 or window_right >= 0),
                 window_left=window_left, window_right=window_right, softcap=softcap)
 
 
@@ -290,7 +293,7 @@ def _fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor
                  block_table=block_table, alibi_slopes=alibi_slopes, out=out,
                  softmax_lse=lse)
     _run("flashc_fwd_kvcache", args, q.device, rename={"k_new": "k", "v_new": "v"},
-         rotary_interleaved=int(rotary_interleaved), num_splits=num_splits,
+         rotary_halves=int(not rotary_interleaved), num_splits=num_splits,
          **_mask_params(0.0, softmax_scale, causal, window_left, window_right, softcap))
     return out, lse
 

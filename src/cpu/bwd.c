@@ -12,7 +12,8 @@
  *   dS = P o (dP - Delta_i) o (1 - tanh^2)    Delta_i = dO_i . O_i; the last
  *                            factor only with softcap
  *   dKj += scale dS^T Qi,  dQi += scale dS Kj
- * Scores are kept in log2 units (times log2 e) and P comes from exp2. All sums
+ * Scores are kept in log2 units (times log2 e; the constants: common/score.h,
+ * the forward's) and P comes from exp2. All sums
  * are fp32; each output element is written once, in the dtype. Delta is a
  * first pass (fp32, B x H x Sq floats of the workspace).
  *
@@ -46,10 +47,9 @@
 #include <string.h>
 
 #include "../common/philox.h"
+#include "../common/score.h"
 #include "pool.h"
 #include "simd.h"
-
-#define FC_LOG2E 1.44269504088896340736f
 
 /* ---- tile sizes ---- */
 /* Br x Bc by head dim: the first row with D <= max_d. A tile's working set
@@ -165,11 +165,7 @@ typedef struct fc_bwd_ctx {
     char *ws;
     float *delta;          /* (B, H, plan.sq) Delta */
     size_t esize;          /* bytes per element of the dtype */
-    float score_log2;      /* scale * log2(e): dot product -> z in log2 units */
-    float score_cap;       /* scale / softcap: dot product -> tanh argument */
-    float cap_log2;        /* softcap * log2(e) */
-    uint32_t drop_thresh;  /* fc_dropout_threshold(p) */
-    float drop_scale;      /* 1 / (1 - p) */
+    fc_score_consts sc;    /* common/score.h: dot product -> z in log2 units, dropout */
     atomic_int bad_thread; /* a pool thread index past plan.threads was seen */
 } fc_bwd_ctx;
 
@@ -327,26 +323,26 @@ static void fc_bwd_probs(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const fc_
     const fc_attn *a = c->a;
     const fc_simd_ops *ops = c->ops;
     int ld = c->pl.bc, br = t->br, bc = t->bc;
-    /* x = z log2(e). Element (r, col) has d = j - (i + Sk - Sq) = d0 - r + col. */
-    fc_score_mod mod = {0.0f, fc_alibi_slope(a, t->b, t->h) * FC_LOG2E,
-                        t->j0 - t->i0 - t->sk + t->sq, -1, 1, -1, -1};
+    /* x = z log2(e). Element (r, col) has d = j - diag(i) = d0 - r + col. */
+    fc_score_mod mod = {0.0f, fc_alibi_slope(a, t->b, t->h) * c->sc.log2e,
+                        t->j0 - FC_WINDOW_DIAG(t->i0, t->sq, t->sk), -1, 1, -1, -1};
     if (t->kind == FC_TILE_EDGE) {
         mod.wl = a->window_left;
         mod.wr = a->window_right;
     }
     if (a->softcap > 0.0f) {
         /* x = softcap log2(e) tanh(s / softcap), then 1 - tanh^2 from x */
-        fc_score_mod cap = {c->cap_log2, 0.0f, 0, -1, 1, -1, -1};
-        for (int r = 0; r < br; r++) ops->scale(bc, s->p + (size_t)r * ld, c->score_cap);
+        fc_score_mod cap = {c->sc.cap_log2, 0.0f, 0, -1, 1, -1, -1};
+        for (int r = 0; r < br; r++) ops->scale(bc, s->p + (size_t)r * ld, c->sc.qk_tanh);
         ops->score_mod(br, bc, s->p, ld, &cap);
-        float inv = 1.0f / c->cap_log2;
+        float inv = 1.0f / c->sc.cap_log2;
         for (int r = 0; r < br; r++) {
             const float *x = s->p + (size_t)r * ld;
             float *dt = s->dtanh + (size_t)r * ld;
             for (int col = 0; col < bc; col++) dt[col] = 1.0f - (x[col] * inv) * (x[col] * inv);
         }
     } else {
-        for (int r = 0; r < br; r++) ops->scale(bc, s->p + (size_t)r * ld, c->score_log2);
+        for (int r = 0; r < br; r++) ops->scale(bc, s->p + (size_t)r * ld, c->sc.qk_log2);
     }
     if (mod.slope != 0.0f || t->kind == FC_TILE_EDGE) ops->score_mod(br, bc, s->p, ld, &mod);
 
@@ -360,7 +356,7 @@ static void fc_bwd_probs(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const fc_
                 memset(s->drop + (size_t)r * ld, 0, (size_t)bc * sizeof(float));
             continue;
         }
-        ops->exp2_sum(bc, x, lse * FC_LOG2E);
+        ops->exp2_sum(bc, x, lse * c->sc.log2e);
         if (a->dropout_p > 0.0f) {
             /* one Philox call per group of 8 key columns (flashc.h, "Dropout") */
             float *zr = s->drop + (size_t)r * ld;
@@ -370,7 +366,8 @@ static void fc_bwd_probs(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const fc_
                 for (int w = 0; w < 8; w++) {
                     int64_t col = j + w - t->j0;
                     if (col >= 0 && col < bc)
-                        zr[col] = fc_dropout_word(rnd, w) >= c->drop_thresh ? c->drop_scale : 0.0f;
+                        zr[col] = fc_dropout_word(rnd, w) >= c->sc.drop_threshold ? c->sc.drop_scale
+                                                                                  : 0.0f;
                 }
             }
         }
@@ -567,11 +564,7 @@ flashc_status fc_cpu_bwd(const fc_attn *a, void *ws, size_t ws_bytes) {
     c.ws = (char *)ws;
     c.delta = (float *)(c.ws + c.pl.delta_off);
     c.esize = flashc_dtype_size(a->dtype);
-    c.score_log2 = a->scale * FC_LOG2E;
-    c.score_cap = a->softcap > 0.0f ? a->scale / a->softcap : 0.0f;
-    c.cap_log2 = a->softcap * FC_LOG2E;
-    c.drop_thresh = fc_dropout_threshold(a->dropout_p);
-    c.drop_scale = (float)(1.0 / (1.0 - (double)a->dropout_p));
+    c.sc = fc_score_consts_of(a);
     atomic_init(&c.bad_thread, 0);
 
     FC_LOG("cpu bwd: simd=%s schedule=%s Br=%d Bc=%d threads=%d",

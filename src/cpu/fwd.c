@@ -13,7 +13,8 @@
  * Scores live in log2 units: Q K^T is multiplied by scale * log2(e) (by
  * scale / softcap when softcap is on, the cap then multiplying tanh by
  * softcap * log2(e)), ALiBi slopes are multiplied by log2(e), and the softmax
- * runs on exp2. The fp32 path folds the factor into Qi as it is loaded.
+ * runs on exp2 (the constants: common/score.h). The fp32 path folds the factor
+ * into Qi as it is loaded.
  *
  * Layout: the tile holds Qi^T (D x Br) and computes S^T = Kj Qi^T (keys down,
  * queries across). The softmax then runs down the columns of S^T with each
@@ -30,7 +31,8 @@
  * P is rounded to bf16 for P Vj, as FlashAttention-2 does on the GPU, while l
  * sums the fp32 P; the factor of the scores is applied to the fp32 product.
  *
- * Masks: blocks no row of the tile sees are skipped; blocks every row sees
+ * Masks (common/window.h, through fc_key_range and score_mod): blocks no row of
+ * the tile sees are skipped; blocks every row sees
  * whole skip the element mask; only the boundary blocks of causal or local
  * windows pay for it. Dropout (philox.h) scales kept P by 1/(1-p) after l has
  * taken the undropped P. attn_probs, a testing aid, is a second pass per tile
@@ -50,6 +52,7 @@
 #include <string.h>
 
 #include "../common/philox.h"
+#include "../common/score.h"
 #include "pool.h"
 #include "simd.h"
 
@@ -165,12 +168,8 @@ typedef struct fc_fwd_ctx {
     const fc_fwd_plan *plan;
     const int64_t *task0; /* (B+1) */
     char *scratch;
-    float qmul;      /* multiplies Q K^T: scale log2(e), or scale / softcap */
-    float cap;       /* softcap log2(e), 0 = off */
-    float alibi_mul; /* log2(e): slopes into log2 units */
-    double ln2;
-    uint32_t drop_thr;
-    float drop_scale; /* 1 / (1 - p) */
+    fc_score_consts sc; /* common/score.h */
+    float qmul;         /* multiplies Q K^T: sc.qk_log2, or sc.qk_tanh with softcap */
 } fc_fwd_ctx;
 
 typedef struct fc_fwd_tile {
@@ -259,7 +258,7 @@ static void fc_fwd_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
         x->ops->gemm_nn(nk, t->nq, (int)a->head_dim, k, ldk, t->qt, p->ldq, t->st, p->ldq, 0);
     }
     fc_score_mod mod = {
-        .cap = x->cap,
+        .cap = x->sc.cap_log2,
         .d0 = j0 - t->diag0, /* element (r, c) of a head's columns: key j0 + r, query i0 + c */
         .dr = 1,
         .dc = -1,
@@ -267,7 +266,7 @@ static void fc_fwd_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
         .wr = edge ? a->window_right : -1,
     };
     for (int g = 0; g < t->nh; g++) { /* per head: its ALiBi slope */
-        mod.slope = fc_alibi_slope(a, t->b, t->h + g) * x->alibi_mul;
+        mod.slope = fc_alibi_slope(a, t->b, t->h + g) * x->sc.log2e;
         if (mod.cap != 0.0f || mod.slope != 0.0f || mod.wl >= 0 || mod.wr >= 0)
             x->ops->score_mod(nk, t->nqh, t->st + (size_t)g * t->nqh, p->ldq, &mod);
     }
@@ -302,7 +301,7 @@ static void fc_fwd_probs(const fc_fwd_ctx *x, fc_fwd_tile *t) {
                     uint32_t bh = (uint32_t)(t->b * a->heads + fc_fwd_col_head(t, c));
                     if (a->dropout_p > 0.0f &&
                         !fc_dropout_keep(a->seed, a->offset, bh, (uint32_t)fc_fwd_col_row(t, c),
-                                         (uint64_t)j, x->drop_thr))
+                                         (uint64_t)j, x->sc.drop_threshold))
                         pr = -pr;
                 }
                 fc_fwd_probs_row(a, t, c)[j] = pr;
@@ -379,19 +378,11 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
         t.nqh = (int)(t.sq - t.i0 < p->Br ? t.sq - t.i0 : p->Br);
     }
     t.nq = t.nh * t.nqh;
-    t.diag0 = t.i0 + t.sk - t.sq;
-    t.jlo = t.jlo_all = 0;
-    t.jhi = t.jhi_all = t.sk;
-    if (a->window_left >= 0) {
-        int64_t l0 = t.diag0 - a->window_left, l1 = l0 + t.nqh - 1;
-        t.jlo = l0 > 0 ? l0 : 0;
-        t.jlo_all = l1 > 0 ? l1 : 0;
-    }
-    if (a->window_right >= 0) {
-        int64_t h0 = t.diag0 + a->window_right + 1, h1 = h0 + t.nqh - 1;
-        t.jhi = h1 < t.sk ? h1 : t.sk;
-        t.jhi_all = h0 < t.sk ? h0 : t.sk;
-    }
+    t.diag0 = FC_WINDOW_DIAG(t.i0, t.sq, t.sk);
+    /* visible ranges are non-decreasing in the row: the tile's rows see at most
+     * [lo(first), hi(last)) and all see [lo(last), hi(first)) */
+    fc_key_range(a, t.sq, t.sk, t.i0, &t.jlo, &t.jhi_all);
+    fc_key_range(a, t.sq, t.sk, t.i0 + t.nqh - 1, &t.jlo_all, &t.jhi);
 
     char *s = x->scratch + (size_t)thread * p->thread_bytes;
     t.qt = (float *)(s + p->buf[FC_FWD_QT]);
@@ -458,7 +449,7 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
             for (int g = 0; g < t.nh; g++)
                 ops->dropout_cols(nk, t.nqh, t.st + (size_t)g * t.nqh, ldq, a->seed, a->offset,
                                   (uint32_t)(t.b * a->heads + t.h + g), (uint32_t)t.i0, j0,
-                                  x->drop_thr, x->drop_scale);
+                                  x->sc.drop_threshold, x->sc.drop_scale);
         if (nk1 > 0) fc_fwd_prefetch(x, &a->v, &t, j1, nk1);
         if (p->dot)
             fc_fwd_pv_dot(x, &t, j0, nk);
@@ -478,7 +469,7 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
         int64_t off = fc_q_row(a, &a->out, t.b, ic) + hc * a->out.s_head;
         ops->store(a->dtype, D, t.o + (size_t)c * ldd, (char *)a->out.ptr + off * (int64_t)es,
                    seen ? 1.0f / t.l[c] : 0.0f);
-        if (a->lse) a->lse[fc_lse_index(a, t.b, hc, ic)] = (float)(lse2 * x->ln2);
+        if (a->lse) a->lse[fc_lse_index(a, t.b, hc, ic)] = (float)(lse2 * x->sc.ln2);
     }
     if (a->probs) fc_fwd_probs(x, &t);
 }
@@ -501,21 +492,15 @@ flashc_status fc_cpu_fwd(const fc_attn *a, void *ws, size_t ws_bytes) {
                                                                  : (sq + p.Br - 1) / p.Br * a->heads);
     }
 
-    const double ln2 = log(2.0), log2e = 1.0 / ln2;
     fc_fwd_ctx x = {
         .a = a,
         .ops = ops,
         .plan = &p,
         .task0 = task0,
         .scratch = (char *)ws + p.off_scratch,
-        .qmul =
-            a->softcap > 0.0f ? (float)((double)a->scale / a->softcap) : (float)(a->scale * log2e),
-        .cap = a->softcap > 0.0f ? (float)(a->softcap * log2e) : 0.0f,
-        .alibi_mul = (float)log2e,
-        .ln2 = ln2,
-        .drop_thr = fc_dropout_threshold(a->dropout_p),
-        .drop_scale = a->dropout_p > 0.0f ? (float)(1.0 / (1.0 - (double)a->dropout_p)) : 1.0f,
+        .sc = fc_score_consts_of(a),
     };
+    x.qmul = a->softcap > 0.0f ? x.sc.qk_tanh : x.sc.qk_log2;
 
     /* attn_probs rows past each sequence's queries (tasks write the others) */
     if (a->probs)

@@ -17,7 +17,9 @@
  * query's bottom-right diagonal i + Sk - Sq). Applied in this order:
  *   cap != 0:   x = cap * tanh(x)
  *   slope != 0: x -= slope * |d|                      (ALiBi)
- *   x = -inf where (wl >= 0 and d < -wl) or (wr >= 0 and d > wr)
+ *   x = -inf where (wl >= 0 and d < -wl) or (wr >= 0 and d > wr), that is
+ *     where !FC_WINDOW_SEES(d, wl, wr) (common/window.h; tests/test_rules.c
+ *     checks every path against fc_key_range)
  * cap and slope are in the units of x (log2 scores: multiplied by log2 e).
  * Every d of the block must fit in int32. */
 typedef struct fc_score_mod {

@@ -22,9 +22,9 @@
 
 #include "simd.h"
 #include "../common/philox.h"
+#include "../common/score.h"
 
 /* ---- constants ---- */
-#define FC_LOG2E 1.44269504088896340736f
 /* 2^f ~ sum_k fc_exp2_c[k] f^k on [-1/2, 1/2] (as simd_avx512.c) */
 static const float fc_exp2_c[7] = {1.000000000e+00f, 6.931471825e-01f, 2.402265072e-01f,
                                    5.550327152e-02f, 9.618056938e-03f, 1.340042800e-03f,
@@ -56,7 +56,7 @@ static inline __m256 fc_exp2(__m256 x) {
 static inline __m256 fc_abs(__m256 x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
 
 static inline __m256 fc_tanh(__m256 x) {
-    __m256 e = fc_exp2(_mm256_mul_ps(fc_abs(x), _mm256_set1_ps(-2.0f * FC_LOG2E)));
+    __m256 e = fc_exp2(_mm256_mul_ps(fc_abs(x), _mm256_set1_ps((float)(-2.0 * FC_LOG2E))));
     __m256 one = _mm256_set1_ps(1.0f);
     __m256 t = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
     /* t >= 0: give it the sign bit of x */
@@ -352,7 +352,8 @@ static void fc_avx2_score_mod(int M, int N, float *x, int ld, const fc_score_mod
         _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(mod->dc));
     const __m256 cap = _mm256_set1_ps(mod->cap), slope = _mm256_set1_ps(mod->slope);
     const __m256 ninf = _mm256_set1_ps(-__builtin_inff());
-    /* d < -wl  <=>  -wl > d;  d > wr */
+    /* the window in lanes, as FC_WINDOW_SEES (common/window.h): masked iff
+     * (wl >= 0 and d < -wl, i.e. -wl > d) or (wr >= 0 and d > wr) */
     const __m256i lo = _mm256_set1_epi32(-mod->wl), hi = _mm256_set1_epi32(mod->wr);
     for (int r = 0; r < M; r++) {
         float *row = x + (size_t)r * ld;

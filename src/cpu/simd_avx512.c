@@ -30,9 +30,9 @@
 
 #include "simd.h"
 #include "../common/philox.h"
+#include "../common/score.h"
 
 /* ---- constants ---- */
-#define FC_LOG2E 1.44269504088896340736f
 /* 2^f ~ sum_k fc_exp2_c[k] f^k on [-1/2, 1/2] */
 static const float fc_exp2_c[7] = {1.000000000e+00f, 6.931471825e-01f, 2.402265072e-01f,
                                    5.550327152e-02f, 9.618056938e-03f, 1.340042800e-03f,
@@ -60,7 +60,7 @@ static inline __m512 fc_exp2(__m512 x) {
 
 static inline __m512 fc_tanh(__m512 x) {
     __m512 ax = _mm512_abs_ps(x);
-    __m512 e = fc_exp2(_mm512_mul_ps(ax, _mm512_set1_ps(-2.0f * FC_LOG2E)));
+    __m512 e = fc_exp2(_mm512_mul_ps(ax, _mm512_set1_ps((float)(-2.0 * FC_LOG2E))));
     __m512 one = _mm512_set1_ps(1.0f);
     __m512 t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
     /* t >= 0: give it the sign bit of x */
@@ -331,6 +331,8 @@ static void fc_avx512_score_mod(int M, int N, float *x, int ld, const fc_score_m
     const __m512i step = _mm512_mullo_epi32(iota, _mm512_set1_epi32(mod->dc));
     const __m512 cap = _mm512_set1_ps(mod->cap), slope = _mm512_set1_ps(mod->slope);
     const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+    /* the window in lanes, as FC_WINDOW_SEES (common/window.h): masked iff
+     * (wl >= 0 and d < -wl) or (wr >= 0 and d > wr) */
     const __m512i lo = _mm512_set1_epi32(-mod->wl), hi = _mm512_set1_epi32(mod->wr);
     for (int r = 0; r < M; r++) {
         float *row = x + (size_t)r * ld;

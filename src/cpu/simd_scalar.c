@@ -85,7 +85,7 @@ static void fc_scalar_score_mod(int M, int N, float *x, int ld, const fc_score_m
             float v = row[c];
             if (mod->cap != 0.0f) v = mod->cap * tanhf(v);
             if (mod->slope != 0.0f) v -= mod->slope * fabsf((float)d);
-            if ((mod->wl >= 0 && d < -mod->wl) || (mod->wr >= 0 && d > mod->wr)) v = -INFINITY;
+            if (!FC_WINDOW_SEES(d, mod->wl, mod->wr)) v = -INFINITY;
             row[c] = v;
         }
     }

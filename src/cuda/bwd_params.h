@@ -5,8 +5,8 @@
 // It embeds the forward's fc_cuda_fwd_params (params.h): q, k, v, out, their
 // strides, the sequence layout, masks, softcap, ALiBi, dropout and the
 // host-derived score constants mean exactly what they mean in the forward, and
-// launch.cu fills them with the same function. The backward adds dout and the
-// three gradients, and the fp32 scratch it keeps in the caller's workspace.
+// bwd.cu fills them with the same function (plan.cu). The backward adds dout
+// and the three gradients, and the fp32 scratch it keeps in the caller's workspace.
 //
 // Scratch rows. The per-row scratch (lse2, delta, dq_accum) is indexed by a
 // padded row R = dq_row0(b) + i for query row i of sequence b:

@@ -1,8 +1,9 @@
-// device.cu : CUDA device discovery and device memory for the CUDA backend.
+// device.cu : CUDA device discovery (the public flashc_cuda_* queries, and
+// whether the backend is usable at all) and the device memory of the default
+// allocator (src/backend.c's table row for CUDA).
 //
-// The attention kernels (sm80/, sm90/) and launch.cu arrive with the CUDA
-// forward, backward and decode issues; until then the CUDA backend reports the
-// devices it sees and api.c answers FLASHC_ERR_UNSUPPORTED for CUDA tensors.
+// Not here: the operations (fwd.cu, bwd.cu, kvcache.cu) and the properties
+// their plans read (plan.cu: fc_cuda_device_get).
 #include <cuda_runtime.h>
 #include <string.h>
 
@@ -22,6 +23,7 @@ extern "C" int flashc_cuda_device_count(void) {
 extern "C" flashc_status flashc_cuda_device_get_info(int index, flashc_cuda_device_info *info) {
     fc_clear_error();
     if (!info) return fc_set_error(FLASHC_ERR_INVALID_ARG, "info is NULL");
+    FC_TRY(fc_check_abi("info.abi", info->abi));
     int n = flashc_cuda_device_count();
     if (index < 0 || index >= n)
         return fc_set_error(FLASHC_ERR_INVALID_ARG, "device index %d but %d CUDA devices", index, n);
@@ -31,6 +33,7 @@ extern "C" flashc_status flashc_cuda_device_get_info(int index, flashc_cuda_devi
         return fc_set_error(FLASHC_ERR_CUDA, "cudaGetDeviceProperties(%d): %s", index,
                             cudaGetErrorString(e));
     memset(info, 0, sizeof *info);
+    info->abi = FLASHC_ABI_VERSION;
     memcpy(info->name, prop.name, sizeof info->name - 1);  // both 256 bytes; info was zeroed
     info->major = prop.major;
     info->minor = prop.minor;
@@ -50,15 +53,6 @@ extern "C" int fc_cuda_usable(void) {
             return 1;
     }
     return 0;
-}
-
-extern "C" int fc_cuda_is_device_pointer(const void *ptr) {
-    cudaPointerAttributes attr;
-    if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
 }
 
 extern "C" void *fc_cuda_malloc(size_t bytes) {

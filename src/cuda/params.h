@@ -1,14 +1,15 @@
 // params.h : the one argument struct of the CUDA forward kernels.
 //
-// launch.cu fills it from api.c's fc_attn (src/internal.h) and passes it by value
-// as a `const __grid_constant__` kernel argument (it lives in the constant bank;
+// plan.cu (fc_cuda_fwd_make_params) fills it from api.c's fc_attn
+// (src/internal.h); each operation's file passes it by value as a
+// `const __grid_constant__` kernel argument (it lives in the constant bank;
 // no copy to device memory, no allocation). Everything that does not change the
 // shape of the kernel code is a field here: strides, sequence layout, masks,
 // softcap, ALiBi, dropout. Only the head dim, the dtype and causal are template
 // parameters (sm80/fwd_kernel.cuh).
 //
 // Host-derived constants (log2 e folded into the score scale, 1/softcap, the
-// dropout threshold) are computed once in launch.cu, never written as literals
+// dropout threshold) are computed once in plan.cu, never written as literals
 // in a kernel. Every pointer is a device pointer.
 #ifndef FLASHC_CUDA_PARAMS_H
 #define FLASHC_CUDA_PARAMS_H

@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../src/reference.h"
+#include "../support/reference.h"
 #include "../fc_test.h"
 #include "../helpers.h" /* th_option_cycle, th_params */
 #include "gpu_helpers.h"
@@ -117,7 +117,9 @@ static void gbw_run_batched(const void *param) {
     gb_contig_strides(3, ls, lst);
     flashc_bwd_args da, ha;
     memset(&da, 0, sizeof da);
+    da.abi = FLASHC_ABI_VERSION;
     memset(&ha, 0, sizeof ha);
+    ha.abi = FLASHC_ABI_VERSION;
     for (int dev = 0; dev < 2; dev++) {
         flashc_bwd_args *x = dev ? &da : &ha;
         x->q = gb_view(qb, dev, dt, 0, 4, qs, qst);
@@ -138,6 +140,7 @@ static void gbw_run_batched(const void *param) {
     {
         flashc_fwd_args fa;
         memset(&fa, 0, sizeof fa);
+        fa.abi = FLASHC_ABI_VERSION;
         fa.q = da.q, fa.k = da.k, fa.v = da.v, fa.out = da.out, fa.softmax_lse = da.softmax_lse;
         fa.alibi_slopes = da.alibi_slopes;
         size_t fb = 0;
@@ -320,7 +323,9 @@ static void gbw_run_varlen(const void *param) {
                 cst[1] = {1};
         flashc_varlen_bwd_args da, ha;
         memset(&da, 0, sizeof da);
+        da.abi = FLASHC_ABI_VERSION;
         memset(&ha, 0, sizeof ha);
+        ha.abi = FLASHC_ABI_VERSION;
         for (int dev = 0; dev < 2; dev++) {
             flashc_varlen_bwd_args *x = dev ? &da : &ha;
             x->q = gb_view(in, dev, dt, 0, 3, qsh, pst);
@@ -339,6 +344,7 @@ static void gbw_run_varlen(const void *param) {
         }
         flashc_varlen_fwd_args fa;
         memset(&fa, 0, sizeof fa);
+        fa.abi = FLASHC_ABI_VERSION;
         fa.q = da.q, fa.k = da.k, fa.v = da.v, fa.out = da.out, fa.softmax_lse = da.softmax_lse;
         fa.cu_seqlens_q = da.cu_seqlens_q, fa.cu_seqlens_k = da.cu_seqlens_k;
         fa.max_seqlen_q = max_q, fa.max_seqlen_k = max_k;

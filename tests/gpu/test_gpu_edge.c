@@ -6,6 +6,8 @@
  * - a NaN in q: NaN out, lse and dq of its row and dk, dv of the keys it sees,
  *   every other row and head exact;
  * - params.scale_given = 1 with softmax_scale = 0: uniform attention.
+ * And a problem the CUDA backend refuses (fp32, attn_probs): every entry point's
+ * *_supported and *_workspace_size give the run's status and message.
  * The GPU forward's out and lse feed the GPU backward; all are checked against
  * the float64 reference on host copies (DEVELOPERS.md's rule, NaN-aware).
  */
@@ -13,7 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../../src/reference.h"
+#include "../support/reference.h"
 #include "../fc_test.h"
 #include "../helpers.h" /* th_edge, th_nan_head */
 #include "gpu_helpers.h"
@@ -54,6 +56,7 @@ static void ge_run(const void *param) {
         for (int dev = 0; dev < 2; dev++) {
             flashc_bwd_args *a = &x[dev];
             memset(a, 0, sizeof *a);
+            a->abi = FLASHC_ABI_VERSION;
             a->q = gb_view(qb, dev, dt, 0, 4, qs, qst);
             a->k = gb_view(kb, dev, dt, 0, 4, ks, kst);
             a->v = gb_view(vb, dev, dt, 0, 4, ks, kst);
@@ -65,6 +68,7 @@ static void ge_run(const void *param) {
             a->dv = gb_view(dvb, dev, dt, 0, 4, ks, kst);
             if (c->alibi) a->alibi_slopes = gb_view(ab, dev, f32, 0, 2, as, ast);
             memset(&f[dev], 0, sizeof f[dev]);
+            f[dev].abi = FLASHC_ABI_VERSION;
             f[dev].q = a->q, f[dev].k = a->k, f[dev].v = a->v, f[dev].out = a->out;
             f[dev].softmax_lse = a->softmax_lse, f[dev].alibi_slopes = a->alibi_slopes;
         }
@@ -127,6 +131,56 @@ static const th_edge ge_shapes[] = {
 #undef HF
 #define GE_N (sizeof ge_shapes / sizeof ge_shapes[0])
 static th_edge ge_cases[2 * GE_N];
+
+/* The queries never answer OK for a call the run refuses: fp32 tensors (every
+ * entry point) and attn_probs (the forward), on the device; nothing written. */
+FC_TEST(gpu_edge_refused_queries) {
+    gb_arena ar;
+    memset(&ar, 0, sizeof ar);
+    const int64_t B = 1, S = 16, H = 2, D = 64;
+    const int64_t qs[4] = {B, S, H, D}, ls[3] = {B, H, S}, ps[4] = {B, H, S, S};
+    int64_t qst[4], lst[3], pst[4];
+    gb_contig_strides(4, qs, qst);
+    gb_contig_strides(3, ls, lst);
+    gb_contig_strides(4, ps, pst);
+    const size_t n = (size_t)(B * S * H * D) * 4;
+    gb_buf *q = gb_new(&ar, n), *k = gb_new(&ar, n), *v = gb_new(&ar, n), *o = gb_new(&ar, n),
+           *lse = gb_new(&ar, (size_t)(B * H * S) * 4), *pr = gb_new(&ar, (size_t)(B * H * S * S) * 4);
+    if (!pr) goto done;
+    for (int probs = 0; probs < 2; probs++) {
+        const flashc_dtype dt = probs ? FLASHC_DTYPE_BF16 : FLASHC_DTYPE_FP32;
+        flashc_fwd_args f = FLASHC_ARGS_INIT;
+        f.q = gb_view(q, 1, dt, 0, 4, qs, qst);
+        f.k = gb_view(k, 1, dt, 0, 4, qs, qst);
+        f.v = gb_view(v, 1, dt, 0, 4, qs, qst);
+        f.out = gb_view(o, 1, dt, 0, 4, qs, qst);
+        f.softmax_lse = gb_view(lse, 1, FLASHC_DTYPE_FP32, 0, 3, ls, lst);
+        if (probs) f.attn_probs = gb_view(pr, 1, FLASHC_DTYPE_FP32, 0, 4, ps, pst);
+        size_t bytes = 777;
+        FC_EXPECT_STATUS(flashc_fwd_supported(&f, NULL), FLASHC_ERR_UNSUPPORTED);
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", flashc_last_error());
+        FC_EXPECT_STATUS(flashc_fwd_workspace_size(&f, NULL, &bytes), FLASHC_ERR_UNSUPPORTED);
+        FC_EXPECT_TRUE(bytes == 777 && strcmp(msg, flashc_last_error()) == 0);
+        FC_EXPECT_STATUS(flashc_fwd(&f, NULL, NULL, 0), FLASHC_ERR_UNSUPPORTED);
+        FC_EXPECT_TRUE(strcmp(msg, flashc_last_error()) == 0);
+        if (probs) continue;
+        flashc_bwd_args b = FLASHC_ARGS_INIT;
+        b.q = f.q, b.k = f.k, b.v = f.v, b.out = f.out, b.softmax_lse = f.softmax_lse;
+        b.dout = f.q, b.dq = f.out, b.dk = f.k, b.dv = f.v;
+        FC_EXPECT_STATUS(flashc_bwd_supported(&b, NULL), FLASHC_ERR_UNSUPPORTED);
+        FC_EXPECT_STATUS(flashc_bwd_workspace_size(&b, NULL, &bytes), FLASHC_ERR_UNSUPPORTED);
+        FC_EXPECT_TRUE(bytes == 777);
+        flashc_kvcache_args kv = FLASHC_ARGS_INIT;
+        kv.q = f.q, kv.k_cache = f.k, kv.v_cache = f.v, kv.out = f.out;
+        FC_EXPECT_STATUS(flashc_fwd_kvcache_supported(&kv, NULL), FLASHC_ERR_UNSUPPORTED);
+        FC_EXPECT_STATUS(flashc_fwd_kvcache_workspace_size(&kv, NULL, &bytes),
+                         FLASHC_ERR_UNSUPPORTED);
+        FC_EXPECT_TRUE(bytes == 777);
+    }
+done:
+    gb_free(&ar);
+}
 
 FC_TEST_REGISTER(gpu_edge) {
     static const char *const fams[2] = {"auto", "sm80"};

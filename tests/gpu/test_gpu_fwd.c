@@ -11,7 +11,7 @@
  *   gqa}, each with one shape from (Sq, Sk) in {(1,1), (17,113), (113,17),
  *   (1000,1000), (2049,1000)}, picked so every pair of (dtype, D, shape,
  *   option) values meets in some case. On an sm90 device these run the kernel
- *   family launch.cu picks (sm90 for D > 32); FLASHC_CUDA_FAMILY=sm80 runs the
+ *   family plan.cu:fc_cuda_family picks (sm90 for D > 32); FLASHC_CUDA_FAMILY=sm80 runs the
  *   same cases on the sm80 family;
  * - packed layouts: qkvpacked [B,S,3,H,D] and kvpacked [B,S,2,Hk,D] views;
  * - operands the kernels cannot read in place (repacked through the
@@ -37,7 +37,7 @@
 #include <string.h>
 
 #include "../../src/internal.h" /* fc_store */
-#include "../../src/reference.h"
+#include "../support/reference.h"
 #include "../fc_test.h"
 #include "../helpers.h" /* th_shuffle */
 #include "gpu_helpers.h"
@@ -82,6 +82,7 @@ static flashc_params gpu_params(const gpu_case *c) {
     case GO_CAUSAL: p.causal = 1; break;
     case GO_WINDOW:
         /* variant 0: a two-sided window; 1: causal with a left edge (local) */
+        p.windowed = 1;
         p.window_left = c->variant ? 29 : 41;
         p.window_right = c->variant ? 0 : 7;
         break;
@@ -156,7 +157,9 @@ static void gpu_run_batched(const void *param) {
     gb_contig_strides(3, lshape, lstride);
     flashc_fwd_args da, ha;
     memset(&da, 0, sizeof da);
+    da.abi = FLASHC_ABI_VERSION;
     memset(&ha, 0, sizeof ha);
+    ha.abi = FLASHC_ABI_VERSION;
     for (int dev = 0; dev < 2; dev++) {
         flashc_fwd_args *x = dev ? &da : &ha;
         x->q = gb_view(qb, dev, dt, q_off, 4, qshape, qstride);
@@ -361,7 +364,9 @@ static void gpu_run_varlen(const void *param) {
 
     flashc_varlen_fwd_args da, ha;
     memset(&da, 0, sizeof da);
+    da.abi = FLASHC_ABI_VERSION;
     memset(&ha, 0, sizeof ha);
+    ha.abi = FLASHC_ABI_VERSION;
     int64_t qshape[3] = {tq, H, D}, qstride[3];
     int64_t kshape3[3] = {tk, Hk, D}, kstride3[3];
     int64_t kshape4[4] = {nblocks, ps, Hk, D}, kstride4[4];
@@ -486,6 +491,7 @@ static void gpu_run_mask(const void *param) {
     for (int dev = 0; dev < 2; dev++) {
         flashc_fwd_args *x = dev ? &da : &ha;
         memset(x, 0, sizeof *x);
+        x->abi = FLASHC_ABI_VERSION;
         x->q = gb_view(qb, dev, dt, 0, 4, qshape, qs);
         x->k = gb_view(kb, dev, dt, 0, 4, kshape, ks);
         x->v = gb_view(vb, dev, dt, 0, 4, kshape, ks);

@@ -39,7 +39,7 @@
 #include <string.h>
 
 #include "../../src/internal.h" /* fc_store */
-#include "../../src/reference.h"
+#include "../support/reference.h"
 #include "../fc_test.h"
 #include "../helpers.h" /* th_shuffle */
 #include "gpu_helpers.h"
@@ -61,7 +61,7 @@ typedef struct gk_case {
     int padded;      /* caches with gaps between heads, rows and batches */
     int Snew;        /* rows of k_new / v_new, 0 = none */
     int rotary;      /* rotary_dim, 0 = none */
-    int interleaved; /* params.rotary_interleaved */
+    int interleaved; /* params.rotary_halves == 0 */
     int rot_lowp;    /* rotary tables in the dtype instead of fp32 */
     int causal;
     int win, wl, wr; /* win: window (wl, wr), -1 = unbounded side; else none */
@@ -149,11 +149,12 @@ static flashc_params gk_params(const gk_case *c) {
     flashc_params p = flashc_params_default();
     p.softmax_scale = (float)(2.0 / sqrt((double)c->D)); /* peakier than the default */
     p.causal = c->causal;
+    p.windowed = c->win;
     p.window_left = c->win ? c->wl : -1;
     p.window_right = c->win ? c->wr : -1;
     p.softcap = c->softcap;
     if (c->softcap > 0.0f) p.softmax_scale = (float)(6.0 / sqrt((double)c->D));
-    p.rotary_interleaved = c->interleaved;
+    p.rotary_halves = !c->interleaved;
     p.num_splits = c->splits;
     return p;
 }
@@ -241,6 +242,7 @@ static void gk_run(const void *param) {
         for (int dev = 0; dev < 2; dev++) {
             flashc_kvcache_args *a = &x[dev];
             memset(a, 0, sizeof *a);
+            a->abi = FLASHC_ABI_VERSION;
             a->q = gb_view(qb, dev, dt, mis, 4, qs, qst);
             a->out = gb_view(ob, dev, dt, mis, 4, qs, qst);
             a->k_cache = gb_view(kcb, dev, dt, 0, 4, g.shape, g.stride);

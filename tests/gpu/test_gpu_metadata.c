@@ -35,7 +35,7 @@
 #include <string.h>
 
 #include "../../src/internal.h" /* fc_store */
-#include "../../src/reference.h"
+#include "../support/reference.h"
 #include "../fc_test.h"
 #include "gpu_helpers.h"
 
@@ -143,6 +143,7 @@ static void gv_run(const void *param) {
         for (int dev = 0; dev < 2; dev++) {
             flashc_varlen_bwd_args *a = &x[dev];
             memset(a, 0, sizeof *a);
+            a->abi = FLASHC_ABI_VERSION;
             a->q = gb_view(qb, dev, dt, 0, 3, qs, qst);
             a->k = c->paged ? gb_view(kb, dev, dt, 0, 4, ps, pst) : gb_view(kb, dev, dt, 0, 3, ks, kst);
             a->v = c->paged ? gb_view(vb, dev, dt, 0, 4, ps, pst) : gb_view(vb, dev, dt, 0, 3, ks, kst);
@@ -160,6 +161,7 @@ static void gv_run(const void *param) {
         flashc_varlen_fwd_args f[2];
         for (int dev = 0; dev < 2; dev++) {
             memset(&f[dev], 0, sizeof f[dev]);
+            f[dev].abi = FLASHC_ABI_VERSION;
             f[dev].q = x[dev].q, f[dev].k = x[dev].k, f[dev].v = x[dev].v;
             f[dev].out = x[dev].out, f[dev].softmax_lse = x[dev].softmax_lse;
             f[dev].cu_seqlens_q = x[dev].cu_seqlens_q, f[dev].cu_seqlens_k = x[dev].cu_seqlens_k;
@@ -343,6 +345,7 @@ static void gk_run(const void *param) {
         for (int dev = 0; dev < 2; dev++) {
             flashc_kvcache_args *a = &x[dev];
             memset(a, 0, sizeof *a);
+            a->abi = FLASHC_ABI_VERSION;
             a->q = gb_view(qb, dev, dt, 0, 4, qs, qst);
             a->out = gb_view(ob, dev, dt, 0, 4, qs, qst);
             a->softmax_lse = gb_view(lb, dev, f32, 0, 3, ls, lst);

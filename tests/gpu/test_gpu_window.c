@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../src/reference.h"
+#include "../support/reference.h"
 #include "../fc_test.h"
 #include "gpu_helpers.h"
 
@@ -57,6 +57,7 @@ static void gw_run(const void *param) {
     flashc_params p = flashc_params_default();
     p.softmax_scale = (float)(2.0 / sqrt((double)D)); /* peakier than the default */
     p.causal = c->causal;
+    p.windowed = 1; /* every edge of the table, -1 included */
     p.window_left = c->wl;
     p.window_right = c->causal ? -1 : c->wr;
     p.deterministic = c->deterministic;
@@ -83,7 +84,9 @@ static void gw_run(const void *param) {
         gb_contig_strides(3, ls, lst);
         flashc_bwd_args da, ha;
         memset(&da, 0, sizeof da);
+        da.abi = FLASHC_ABI_VERSION;
         memset(&ha, 0, sizeof ha);
+        ha.abi = FLASHC_ABI_VERSION;
         for (int dev = 0; dev < 2; dev++) {
             flashc_bwd_args *x = dev ? &da : &ha;
             x->q = gb_view(qb, dev, dt, 0, 4, qs, qst);
@@ -102,8 +105,10 @@ static void gw_run(const void *param) {
         // ---- the forward, twice ----
         flashc_fwd_args fa, hfa;
         memset(&fa, 0, sizeof fa);
+        fa.abi = FLASHC_ABI_VERSION;
         fa.q = da.q, fa.k = da.k, fa.v = da.v, fa.out = da.out, fa.softmax_lse = da.softmax_lse;
         memset(&hfa, 0, sizeof hfa);
+        hfa.abi = FLASHC_ABI_VERSION;
         hfa.q = ha.q, hfa.k = ha.k, hfa.v = ha.v, hfa.out = ha.out, hfa.softmax_lse = ha.softmax_lse;
         size_t fb = 0;
         GB_OK(flashc_fwd_workspace_size(&fa, &p, &fb));

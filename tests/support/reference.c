@@ -1,5 +1,6 @@
 /* reference.c : naive attention with every option, the oracle of the tests and
- * of `flashc bench --check` (see reference.h for the contract).
+ * of `flashc bench --check` (see reference.h for the contract). Test code, in
+ * the flashc_support library: it is not part of libflashc.
  *
  * Algorithm: for each (sequence b, query head h) the K and V rows of b's KV head
  * are gathered into dense double arrays, then every query row is processed on
@@ -26,8 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/philox.h"
-#include "internal.h"
+#include "../../src/common/philox.h"
+#include "../../src/internal.h"
 #include "reference.h"
 
 // ---- options and the arithmetic of the two modes ----
@@ -79,8 +80,8 @@ static void fc_ref_ctx_init(fc_ref_ctx *c, const flashc_params *p, fc_ref_mode m
                                                          : 1.0 / sqrt((double)D);
     c->scale = fc_ref_f32(c, c->scale);
     c->softcap = p->softcap > 0.0f ? (double)p->softcap : 0.0;
-    c->wl = p->window_left;
-    c->wr = p->causal ? 0 : p->window_right;
+    c->wl = p->windowed ? p->window_left : -1;
+    c->wr = p->causal ? 0 : p->windowed ? p->window_right : -1;
     c->dropout = train && p->dropout_p > 0.0f;
     c->rp = c->dropout ? fc_ref_f32(c, 1.0 / (1.0 - (double)p->dropout_p)) : 1.0;
     c->thr = fc_dropout_threshold(p->dropout_p);
@@ -639,7 +640,7 @@ flashc_status fc_ref_kvcache(const flashc_kvcache_args *a, const flashc_params *
     pr.q = &a->q;
     pr.kv = a;
     pr.rotary_per_row = pr.c.wl >= 0 || pr.c.wr >= 0;
-    pr.rotary_interleaved = p->rotary_interleaved != 0;
+    pr.rotary_interleaved = p->rotary_halves == 0;
     if (a->block_table.data) {
         pr.krows.layout = FC_REF_PAGED;
         pr.krows.bt = (const int32_t *)a->block_table.data;

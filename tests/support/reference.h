@@ -1,5 +1,7 @@
 /* reference.h : naive float64 attention, every option: the oracle of the tests
- * and of `flashc bench --check`.
+ * and of `flashc bench --check`. Test code (the flashc_support library, with
+ * check.h), not part of libflashc; it reads the library's internals
+ * (src/internal.h), so it links flashc_static.
  *
  * It reads the PUBLIC argument structs (not api.c's normalised fc_attn), so a
  * mistake in api.c's shape and stride handling cannot hide by agreeing with

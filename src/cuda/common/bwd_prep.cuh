@@ -11,7 +11,7 @@
 //                       strides and head dim (un-swizzling the sm90 kernel's
 //                       rows, bwd_params.h dq_swizzle).
 // Both run over (128-row blocks, H, B); a row that lies past its sequence's
-// padded rows is skipped. out and dout are read with 16-byte loads: launch.cu
+// padded rows is skipped. out and dout are read with 16-byte loads: bwd.cu
 // hands them in place only when aligned (else a repacked copy).
 #ifndef FLASHC_CUDA_BWD_PREP_CUH
 #define FLASHC_CUDA_BWD_PREP_CUH

@@ -5,7 +5,8 @@
 //
 //   fc_kv_rows      where key row j of a sequence lives (contiguous, varlen,
 //                   paged through block_table with any page size, leftpad,
-//                   cache_batch_idx): src/internal.h fc_kv_row
+//                   cache_batch_idx): src/internal.h fc_kv_row; pages through
+//                   seqlens.cuh fc_paged
 //   fc_fwd_seq      the sequence of (batch b, head h, query tile m0) and its
 //                   row bases
 //   fc_tile_loader  cp.async 16-byte copies, one chunk column per thread; the
@@ -43,10 +44,7 @@ struct fc_kv_rows {
     __device__ __forceinline__ int64_t offset(int j, int64_t base, int64_t s_batch, int64_t s_seq,
                                               int pages) const {
         const int r = j + leftpad;
-        if (bt) {
-            const int page = fc_page(bt, r, page_size, pages);
-            return base + (int64_t)page * s_batch + (int64_t)(r % page_size) * s_seq;
-        }
+        if (bt) return fc_paged(bt, r, page_size, pages).offset(base, s_batch, s_seq);
         return base + (int64_t)r * s_seq;
     }
 };

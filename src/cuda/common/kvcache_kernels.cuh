@@ -1,21 +1,24 @@
 // kvcache_kernels.cuh : the two small kernels around the decode kernel
-// (included by launch.cu only):
+// (included by kvcache.cu only):
 //
-//   sm80_kvcache_prep_kernel     before the attention: appends k_new / v_new to
-//                                the cache in place (rotary on k_new first),
-//                                writes the rotated q, and the key lengths the
-//                                forward kernel reads when it serves the call
-//   sm80_decode_combine_kernel   after a split decode: merges the splits'
-//                                partial outputs by their lse (Flash-Decoding)
+//   fc_kvcache_prep_kernel    before the attention: appends k_new / v_new to
+//                             the cache in place (rotary on k_new first),
+//                             writes the rotated q, and the key lengths the
+//                             forward kernel reads when it serves the call
+//   fc_decode_combine_kernel  after a split decode: merges the splits'
+//                             partial outputs by their lse (Flash-Decoding)
+//
+// Both are plain CUDA (no mma, no architecture-specific instruction): they run
+// on every architecture the build targets, whatever kernel family attends.
 //
 // The append is its own kernel, on the caller's stream before the attention,
 // so no attention CTA can read a cache row while another CTA still writes it.
 // Both kernels move little data (a few rows per sequence; the partials are
 // splits * H * Sq * D floats): one warp per row, plain loads.
 //
-// Not here: validation (api.c), the choice of splits (launch.cu).
-#ifndef FLASHC_CUDA_SM80_KVCACHE_KERNELS_CUH
-#define FLASHC_CUDA_SM80_KVCACHE_KERNELS_CUH
+// Not here: validation (prepare.c), the choice of splits (kvcache.cu).
+#ifndef FLASHC_CUDA_COMMON_KVCACHE_KERNELS_CUH
+#define FLASHC_CUDA_COMMON_KVCACHE_KERNELS_CUH
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -23,9 +26,9 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "../common/merge.cuh"
 #include "../../internal.h"
-#include "../common/ptx.cuh"
+#include "merge.cuh"
+#include "ptx.cuh"
 #include "../decode_params.h"
 
 // ---- element conversions (round to nearest even, as src/internal.h) ----
@@ -83,7 +86,7 @@ __device__ __forceinline__ void fc_rotate_row(const fc_cuda_kvprep_params &p, co
 // One warp per job (decode_params.h), grid-stride.
 template <typename T>
 __global__ void __launch_bounds__(256)
-    sm80_kvcache_prep_kernel(const __grid_constant__ fc_cuda_kvprep_params p) {
+    fc_kvcache_prep_kernel(const __grid_constant__ fc_cuda_kvprep_params p) {
     const int lane = threadIdx.x & 31;
     const int64_t n_warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
     const int64_t n_jobs = p.n_append + p.n_q + p.n_lens;
@@ -98,11 +101,10 @@ __global__ void __launch_bounds__(256)
             if (r >= p.lens.capacity) continue;  // past the cache: not written (the whole warp)
             int64_t kdst, vdst;
             if (p.block_table) {
-                const int64_t page =
-                    fc_page(p.block_table + (int64_t)b * p.bt_stride, r, p.page_size, p.caches);
-                const int64_t in = r % p.page_size;
-                kdst = page * p.kc_s_batch + in * p.kc_s_seq;
-                vdst = page * p.vc_s_batch + in * p.vc_s_seq;
+                const fc_paged_row pr =
+                    fc_paged(p.block_table + (int64_t)b * p.bt_stride, r, p.page_size, p.caches);
+                kdst = pr.offset(0, p.kc_s_batch, p.kc_s_seq);
+                vdst = pr.offset(0, p.vc_s_batch, p.vc_s_seq);
             } else {
                 const int64_t kb = p.k_batch_idx ? fc_index(p.k_batch_idx, b, p.caches) : b;
                 kdst = kb * p.kc_s_batch + (int64_t)r * p.kc_s_seq;
@@ -148,7 +150,7 @@ enum { FC_COMBINE_WARPS = 4, FC_COMBINE_MAX_SPLITS = 128 };
 
 template <typename T>
 __global__ void __launch_bounds__(32 * FC_COMBINE_WARPS)
-    sm80_decode_combine_kernel(const __grid_constant__ fc_cuda_decode_params p) {
+    fc_decode_combine_kernel(const __grid_constant__ fc_cuda_decode_params p) {
     __shared__ float s_w[FC_COMBINE_WARPS][FC_COMBINE_MAX_SPLITS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t per_split = (int64_t)p.f.batch * p.kv_heads * p.rows;  // rows of one split
@@ -212,9 +214,9 @@ static cudaError_t fc_kvcache_prep(const fc_cuda_kvprep_params &p, cudaStream_t 
     if (jobs == 0) return cudaSuccess;
     const int64_t blocks = (jobs + 7) / 8;  // 8 warps of 256 threads
     const unsigned grid = (unsigned)(blocks < (1 << 20) ? blocks : (1 << 20));
-    FC_LOG("sm80_kvcache_prep_kernel: append=%lld rotary_q=%lld lens=%lld grid=%u block=256 smem=0",
+    FC_LOG("fc_kvcache_prep_kernel: append=%lld rotary_q=%lld lens=%lld grid=%u block=256 smem=0",
            (long long)p.n_append, (long long)p.n_q, (long long)p.n_lens, grid);
-    sm80_kvcache_prep_kernel<T><<<grid, 256, 0, stream>>>(p);
+    fc_kvcache_prep_kernel<T><<<grid, 256, 0, stream>>>(p);
     return cudaGetLastError();
 }
 
@@ -223,10 +225,10 @@ template <typename T>
 static cudaError_t fc_decode_combine(const fc_cuda_decode_params &p, cudaStream_t stream) {
     const int64_t rows = (int64_t)p.f.batch * p.kv_heads * p.rows;
     const int64_t blocks = (rows + FC_COMBINE_WARPS - 1) / FC_COMBINE_WARPS;
-    FC_LOG("sm80_decode_combine_kernel: rows=%lld num_splits=%d grid=%lld block=%d smem=0",
+    FC_LOG("fc_decode_combine_kernel: rows=%lld num_splits=%d grid=%lld block=%d smem=0",
            (long long)rows, p.splits, (long long)blocks, 32 * FC_COMBINE_WARPS);
-    sm80_decode_combine_kernel<T><<<(unsigned)blocks, 32 * FC_COMBINE_WARPS, 0, stream>>>(p);
+    fc_decode_combine_kernel<T><<<(unsigned)blocks, 32 * FC_COMBINE_WARPS, 0, stream>>>(p);
     return cudaGetLastError();
 }
 
-#endif  // FLASHC_CUDA_SM80_KVCACHE_KERNELS_CUH
+#endif  // FLASHC_CUDA_COMMON_KVCACHE_KERNELS_CUH

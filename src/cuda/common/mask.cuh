@@ -5,18 +5,22 @@
 // row i sees key j iff j < sk and
 //     j >= i + sk - sq - window_left    (window_left  >= 0, else no bound)
 //     j <= i + sk - sq + window_right   (window_right >= 0, else no bound; causal: 0)
-// i.e. bottom-right aligned, as src/internal.h fc_key_range().
+// i.e. bottom-right aligned. fc_mask's diag, lo and hi are src/common/window.h's
+// FC_WINDOW_* on int, the rule's one statement (the host's fc_key_range is the
+// same on int64_t); everything else here is written in terms of them.
 //
 // Masks work at two granularities (FA2): key tiles outside the union of the
 // block's rows' ranges are never loaded (fc_mask::tiles), and the per-element
 // test runs only on the tiles that some row of the block sees partially
-// (fc_mask::tile_partial). launch.cu guarantees every length and window here is
-// below 2^30, so the int arithmetic cannot overflow.
+// (fc_mask::tile_partial). The host (plan.cu: fc_cuda_len_check, and the
+// window clamp of fc_cuda_fwd_make_params) guarantees every length and window
+// here is below 2^30, so the int arithmetic cannot overflow.
 #ifndef FLASHC_CUDA_MASK_CUH
 #define FLASHC_CUDA_MASK_CUH
 
 #include <math.h>
 
+#include "../../common/window.h"
 #include "ptx.cuh"
 
 template <bool kCausal>
@@ -28,15 +32,12 @@ struct fc_mask {
     __device__ __forceinline__ fc_mask(int sq_, int sk_, int left_, int right_)
         : sq(sq_), sk(sk_), left(left_), right(kCausal ? 0 : right_) {}
 
-    __device__ __forceinline__ int diag(int i) const { return i + sk - sq; }
+    __device__ __forceinline__ int diag(int i) const { return FC_WINDOW_DIAG(i, sq, sk); }
     // First visible key of row i (may be <= 0: no bound).
-    __device__ __forceinline__ int lo(int i) const { return left >= 0 ? diag(i) - left : 0; }
-    // One past the last visible key of row i (may be <= lo: none visible).
-    __device__ __forceinline__ int hi(int i) const {
-        if (!kCausal && right < 0) return sk;
-        const int h = diag(i) + right + 1;
-        return h < sk ? h : sk;
-    }
+    __device__ __forceinline__ int lo(int i) const { return FC_WINDOW_LO(diag(i), left); }
+    // One past the last visible key of row i (may be <= lo: none visible). With
+    // kCausal, right is the constant 0 and the unbounded case folds away.
+    __device__ __forceinline__ int hi(int i) const { return FC_WINDOW_HI(diag(i), right, sk); }
 
     // Key tiles [*n_lo, *n_hi) of width Bc that rows i0..i1 may see; false if none.
     template <int Bc>

@@ -2,7 +2,7 @@
 // (Flash-Decoding: out = sum_i w_i O_i with w_i from each part's max and sum),
 // eight columns at a time: the decode kernel merges its warps with it
 // (sm80/decode_kernel.cuh), the combine kernel its key splits
-// (sm80/kvcache_kernels.cuh).
+// (common/kvcache_kernels.cuh).
 #ifndef FLASHC_CUDA_MERGE_CUH
 #define FLASHC_CUDA_MERGE_CUH
 

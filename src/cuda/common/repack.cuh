@@ -1,5 +1,5 @@
 // repack.cuh : copies of operands the sm80 kernels cannot read in place
-// (included by launch.cu only).
+// (included by plan.cu only).
 //
 // The kernels need 16-byte aligned data, strides that are multiples of 8
 // elements and D a multiple of 8. An operand that misses one is copied into a
@@ -18,17 +18,7 @@
 #include <stdint.h>
 
 #include "../../internal.h"
-
-// ---- the packed index space ----
-// [n0, n1, heads, d] of one operand; rows (b, s, h) of the caller's view at
-// b*s_batch + s*s_seq + h*s_head.
-typedef struct {
-    int64_t n0, n1, heads;
-} fc_cuda_pack_dims;
-
-__host__ __device__ inline int64_t fc_cuda_pack_elems(const fc_cuda_pack_dims &e, int64_t dp) {
-    return e.n0 * e.n1 * e.heads * dp;
-}
+#include "../plan.h"  // fc_cuda_pack_dims
 
 // The element offset in view v of row `row` (= (b*n1 + s)*heads + h).
 __device__ __forceinline__ int64_t fc_cuda_pack_src(const fc_cuda_pack_dims &e, int64_t s_batch,

@@ -29,9 +29,36 @@ __device__ __forceinline__ fc_span fc_cu_span(const int32_t *cu, int b, int tota
 }
 
 // The page of row r (< cols * page_size) of a sequence whose block_table row
-// is bt: its entry clamped to [0, pages - 1].
+// is bt: its entry clamped to [0, pages - 1]. kLdg reads the entry through the
+// read-only data cache (__ldg).
+template <bool kLdg = false>
 __device__ __forceinline__ int fc_page(const int32_t *bt, int r, int page_size, int pages) {
-    return fc_clampi(bt[r / page_size], 0, pages - 1);
+    const int32_t *e = bt + r / page_size;
+    return fc_clampi(kLdg ? __ldg(e) : *e, 0, pages - 1);
+}
+
+// ---- paged K/V: where a cache row lives ----
+// The rule of every paged kernel (forward, decode, the kvcache append; the
+// host's statement of it is src/internal.h fc_kv_row): key row j of sequence b
+// is row r = j + leftpad(b) of the sequence's cache, and cache row r is row
+// r % page_size of page block_table[b][r / page_size] (fc_page: the entry
+// clamped). Its element offset in an operand is
+//     page * s_batch + (r % page_size) * s_seq   (+ the head's offset)
+struct fc_paged_row {
+    int page;  // the block_table entry, clamped to [0, pages - 1]
+    int row;   // r % page_size: the row inside the page
+
+    // base + the element offset of the row in an operand with these strides.
+    __device__ __forceinline__ int64_t offset(int64_t base, int64_t s_batch, int64_t s_seq) const {
+        return base + (int64_t)page * s_batch + (int64_t)row * s_seq;
+    }
+};
+
+// Cache row r (< cols * page_size) of the sequence whose block_table row is bt.
+template <bool kLdg = false>
+__device__ __forceinline__ fc_paged_row fc_paged(const int32_t *bt, int r, int page_size,
+                                                 int pages) {
+    return {fc_page<kLdg>(bt, r, page_size, pages), r % page_size};
 }
 
 // Row idx[b] of an index array (cache_batch_idx) clamped to [0, n - 1].

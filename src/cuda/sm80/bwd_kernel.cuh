@@ -39,7 +39,7 @@
 // Template parameters: the head dim D (a row of traits.h FC_SM80_BWD_TILES),
 // the dtype T, kCausal. Everything else is a field of bwd_params.h.
 //
-// Not here: paged K/V (the backward has none), unaligned operands (launch.cu
+// Not here: paged K/V (the backward has none), unaligned operands (bwd.cu
 // repacks them), split of the query loop across CTAs.
 #ifndef FLASHC_CUDA_SM80_BWD_KERNEL_CUH
 #define FLASHC_CUDA_SM80_BWD_KERNEL_CUH

@@ -19,7 +19,8 @@
 // the combine kernel (kvcache_kernels.cuh) merges the same way across splits.
 //
 // Paged caches of any page size: the key row j of sequence b is cache row
-// r = j + leftpad in page block_table[b][r / page_size]. The 32 / TPR row groups
+// r = j + leftpad in page block_table[b][r / page_size] (common/seqlens.cuh
+// fc_paged, read through __ldg here). The 32 / TPR row groups
 // of a warp each load a row per pass; lane c of a group looks up the page of the
 // group's pass-c row once per tile (one division, one block_table read) and the
 // group's lanes take it by __shfl_sync, so the int64 address math is per row,
@@ -36,7 +37,7 @@
 // T. Everything else is a field of decode_params.h.
 //
 // Not here: dropout (kvcache has none), attn_probs, unaligned operands or head
-// dims that are not a multiple of 8 (launch.cu sends those through the forward
+// dims that are not a multiple of 8 (kvcache.cu sends those through the forward
 // kernel and its repack), more than 128 packed rows (likewise).
 #ifndef FLASHC_CUDA_SM80_DECODE_KERNEL_CUH
 #define FLASHC_CUDA_SM80_DECODE_KERNEL_CUH
@@ -49,6 +50,7 @@
 #include "../common/mask.cuh"
 #include "../common/merge.cuh"
 #include "../common/ptx.cuh"
+#include "../common/seqlens.cuh"
 #include "../common/softmax.cuh"
 #include "../decode_params.h"
 #include "../decode_traits.h"
@@ -146,9 +148,9 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
     auto lookup = [&](int n) {
         const int j = (t_begin + n) * Bc + pg_row;
         if (n < n_tiles && ld_ch < PASSES && j < sk) {
-            const int r = j + pad;
-            pg_page = fc_clampi(__ldg(bt + r / p.f.page_size), 0, p.f.total_k - 1);
-            pg_in = r % p.f.page_size;
+            const fc_paged_row pr = fc_paged<true>(bt, j + pad, p.f.page_size, p.f.total_k);
+            pg_page = pr.page;
+            pg_in = pr.row;
         }
     };
     // Tile n of the split into ring slot n % S, one commit group (empty past
@@ -174,14 +176,14 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
             } else {
 #pragma unroll
                 for (int c = 0; c < PASSES; ++c) {
-                    const int page = __shfl_sync(0xffffffffu, pg_page, pg_src + c);
-                    const int in = __shfl_sync(0xffffffffu, pg_in, pg_src + c);
+                    const fc_paged_row pr = {__shfl_sync(0xffffffffu, pg_page, pg_src + c),
+                                             __shfl_sync(0xffffffffu, pg_in, pg_src + c)};
                     if (ld_in_row) {
                         const bool ok = j0 + c * RPP < kv_lim;
-                        const T *ks = k + k_base + (int64_t)page * p.f.k_s_batch +
-                                      (int64_t)in * p.f.k_s_seq + ld_ch * 8;
-                        const T *vs = v + v_base + (int64_t)page * p.f.v_s_batch +
-                                      (int64_t)in * p.f.v_s_seq + ld_ch * 8;
+                        const T *ks =
+                            k + pr.offset(k_base, p.f.k_s_batch, p.f.k_s_seq) + ld_ch * 8;
+                        const T *vs =
+                            v + pr.offset(v_base, p.f.v_s_batch, p.f.v_s_seq) + ld_ch * 8;
                         fc_cp_async_16(dk + c * RPP * RB, ok ? ks : k, ok);
                         fc_cp_async_16(dv + c * RPP * RB, ok ? vs : v, ok);
                     }

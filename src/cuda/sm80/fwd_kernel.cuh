@@ -32,7 +32,7 @@
 // window edge is the diagonal). Everything else is a field of params.h.
 //
 // Not here: attn_probs output, split-KV, persistent scheduling, packed GQA rows,
-// unaligned operands (launch.cu refuses them).
+// unaligned operands (fwd.cu repacks them).
 #ifndef FLASHC_CUDA_SM80_FWD_KERNEL_CUH
 #define FLASHC_CUDA_SM80_FWD_KERNEL_CUH
 

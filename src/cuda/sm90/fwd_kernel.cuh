@@ -33,7 +33,7 @@
 // Not here (the FA3 features a later version adds): TMA loads, a producer
 // warpgroup with setmaxnreg, ping-pong scheduling of the two warpgroups, a
 // persistent tile scheduler; head dims that are not multiples of 64 (padded by
-// launch.cu), attn_probs, split-KV.
+// fwd.cu), attn_probs, split-KV.
 #ifndef FLASHC_CUDA_SM90_FWD_KERNEL_CUH
 #define FLASHC_CUDA_SM90_FWD_KERNEL_CUH
 

@@ -1,5 +1,5 @@
 // generated; do not edit. Written by tools/gen_instances.py from src/cuda/decode_traits.h.
-// The sm80 decode instances that exist, for launch.cu. A build trimmed with
+// The sm80 decode instances that exist, for kvcache.cu. A build trimmed with
 // FLASHC_CUDA_HEADDIMS defines FC_SM80_DECODE_HD_<D>=0 for the head dims it leaves out.
 #ifndef FLASHC_CUDA_SM80_DECODE_INSTANCES_H
 #define FLASHC_CUDA_SM80_DECODE_INSTANCES_H

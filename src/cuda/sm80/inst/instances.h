@@ -1,5 +1,5 @@
 // generated; do not edit. Written by tools/gen_instances.py from src/cuda/traits.h.
-// The sm80 forward instances that exist, for launch.cu. A build trimmed with
+// The sm80 forward instances that exist, for fwd.cu. A build trimmed with
 // FLASHC_CUDA_HEADDIMS (or without the family's arch) defines FC_SM80_HD_<D>=0
 // for the head dims it leaves out.
 #ifndef FLASHC_CUDA_SM80_INSTANCES_H

@@ -1,5 +1,5 @@
 // generated; do not edit. Written by tools/gen_instances.py from src/cuda/traits.h.
-// The sm90 backward instances that exist, for launch.cu. A build trimmed with
+// The sm90 backward instances that exist, for bwd.cu. A build trimmed with
 // FLASHC_CUDA_HEADDIMS (or without the family's arch) defines FC_SM90_BWD_HD_<D>=0
 // for the head dims it leaves out.
 #ifndef FLASHC_CUDA_SM90_BWD_INSTANCES_H

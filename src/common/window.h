@@ -1,0 +1,51 @@
+/* window.h : which keys a query row sees (causal and local windows), the one
+ * statement of the rule for every backend.
+ *
+ * flash_attn 2.x's rule (flashc.h, params.window_left/right). In a sequence of
+ * sq query rows and sk keys, query row i has the bottom-right aligned diagonal
+ *     diag = i + sk - sq
+ * and sees key j (0 <= j < sk) iff
+ *     left  < 0  or  j >= diag - left
+ *     right < 0  or  j <= diag + right
+ * where left, right are the window (-1 = unbounded; causal is right = 0).
+ *
+ * Two forms, side by side here; tests/test_rules.c proves that they agree:
+ *   range    keys [FC_WINDOW_LO(diag, left), FC_WINDOW_HI(diag, right, sk)):
+ *            LO may be < 0 (no bound below; clamp it at 0 to index) or >= sk,
+ *            HI is <= sk; no key is visible when HI <= max(LO, 0).
+ *   element  FC_WINDOW_SEES(d, left, right) for the key at d = j - diag
+ *            (the caller bounds j < sk).
+ *
+ * Macros, generic over the index type, because the two sides need different
+ * widths: the GPU kernels use int (src/cuda/common/mask.cuh; launch keeps every
+ * length and window below 2^30 there), the host int64_t (src/internal.h
+ * fc_key_range: lengths and windows up to INT32_MAX, whose sums need 64 bits).
+ * A macro also expands to the very expression a kernel had written inline, so
+ * the kernels compile to the same SASS. Arguments may be evaluated more than
+ * once: pass plain values. Plain C: it compiles as CUDA host and device code.
+ *
+ * Users: fc_key_range (the host form: src/cpu, api.c), common/mask.cuh fc_mask
+ * (every GPU kernel's masks and tile ranges), the scalar score_mod. Twins in
+ * their own form, checked by tests/test_rules.c: the vector score_mod of
+ * src/cpu/simd_avx2.c and simd_avx512.c (lanes of FC_WINDOW_SEES). The CUDA
+ * host's kernel arguments turn a window edge no sequence can reach into -1:
+ * the same keys, and it keeps the int arithmetic in range.
+ */
+#ifndef FLASHC_COMMON_WINDOW_H
+#define FLASHC_COMMON_WINDOW_H
+
+/* The diagonal of query row i: the key it is aligned with. */
+#define FC_WINDOW_DIAG(i, sq, sk) ((i) + (sk) - (sq))
+
+/* The first key a row with diagonal diag sees (not clamped at 0). */
+#define FC_WINDOW_LO(diag, left) ((left) >= 0 ? (diag) - (left) : 0)
+
+/* One past the last key a row with diagonal diag sees, at most sk. */
+#define FC_WINDOW_HI(diag, right, sk) \
+    ((right) < 0 ? (sk) : (diag) + (right) + 1 < (sk) ? (diag) + (right) + 1 : (sk))
+
+/* 1 iff the key at d = j - diag is inside the window (j < sk not checked). */
+#define FC_WINDOW_SEES(d, left, right) \
+    (((left) < 0 || (d) >= -(left)) && ((right) < 0 || (d) <= (right)))
+
+#endif /* FLASHC_COMMON_WINDOW_H */

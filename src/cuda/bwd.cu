@@ -1,0 +1,267 @@
+// bwd.cu : the backward on device tensors (fc_cuda_bwd, backend.h), the only
+// file that knows the backward kernels.
+//
+// fc_cuda_bwd(a) runs on a->stream, in order: the repack of operands the
+// kernels cannot read in place (as the forward), fc_bwd_pre_kernel (delta,
+// lse2, dq_accum zeroed; common/bwd_prep.cuh), the main kernel (one CTA per
+// (key block, kv head, sequence): sm90/bwd_kernel.cuh on compute capability
+// 9.0 for head dims 33..256, else sm80/bwd_kernel.cuh),
+// fc_bwd_dq_kernel (dq = dq_accum * scale), the copy-back of packed dk, dv.
+// With params.deterministic the main kernel's turn counters are zeroed first.
+// Scratch (bwd_params.h) comes from the workspace: lse2 and delta [H][rows],
+// dq_accum [H][rows][dq_pitch] fp32, the counters [H][rows / Br] int32.
+//
+// fc_cuda_bwd_workspace(a) is the size of that workspace; fc_cuda_bwd_supported(a)
+// runs the plan's checks and launches nothing. The kernel family is
+// fc_cuda_family's (plan.h), as for the forward.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "plan.h"
+
+#ifndef FLASHC_CUDA_NO_BWD
+#include "../common/score.h"
+#include "bwd_params.h"
+#include "common/bwd_prep.cuh"
+#include "sm80/inst/bwd_instances.h"
+#include "sm90/inst/bwd_instances.h"
+#include "traits.h"
+
+// Smallest compiled backward head dim >= d of the family, or 0.
+static int fc_bwd_dim(int family, int64_t d) {
+#define FC_DIM_(D) \
+    if (d <= D) return D;
+    if (family == FC_FAMILY_SM90) {
+        FC_SM90_BWD_HEADDIMS(FC_DIM_)
+        return 0;
+    }
+    FC_SM80_BWD_HEADDIMS(FC_DIM_)
+#undef FC_DIM_
+    return 0;
+}
+
+// Largest compiled backward head dim (of the sm80 family, which has them all).
+static int fc_bwd_max_dim(void) {
+    int m = 0;
+#define FC_MAX_(D) m = D;
+    FC_SM80_BWD_HEADDIMS(FC_MAX_)
+#undef FC_MAX_
+    return m;
+}
+
+// Tile (Br, Bc) and shared memory of the family's backward instance for head dim `dim`.
+static void fc_bwd_shape(int family, int dim, int *br, int *bc, int *smem) {
+    *br = *bc = *smem = 0;
+#define FC_SHAPE_(FAM, F, D)                                \
+    if (family == FAM && dim == D) {                        \
+        *br = fc_##F##_bwd_traits<D>::kBr;                  \
+        *bc = fc_##F##_bwd_traits<D>::kBc;                  \
+        *smem = fc_##F##_bwd_traits<D>::kSmemBytes;         \
+    }
+#define FC_SHAPE80_(D) FC_SHAPE_(FC_FAMILY_SM80, sm80, D)
+#define FC_SHAPE90_(D) FC_SHAPE_(FC_FAMILY_SM90, sm90, D)
+    FC_SM80_BWD_HEADDIMS(FC_SHAPE80_)
+    FC_SM90_BWD_HEADDIMS(FC_SHAPE90_)
+#undef FC_SHAPE90_
+#undef FC_SHAPE80_
+#undef FC_SHAPE_
+}
+
+template <int D, typename T>
+static cudaError_t fc_sm80_bwd_run(const fc_cuda_bwd_params &p, bool causal, dim3 grid,
+                                   cudaStream_t stream) {
+    using Tr = fc_sm80_bwd_traits<D>;
+    FC_LOG("sm80_bwd_kernel<D=%d, %s, causal=%d>: Br=%d Bc=%d warps=%d q_stages=%d grid=(%u,%u,%u) "
+           "block=%d smem=%d deterministic=%d", D, fc_cuda_dtype_name<T>(), (int)causal, Tr::kBr,
+           Tr::kBc, Tr::kWarps, Tr::kQStages, grid.x, grid.y, grid.z, Tr::kThreads,
+           Tr::kSmemBytes, (int)p.deterministic);
+    return causal ? sm80_bwd_launch<D, T, true>(p, grid, stream)
+                  : sm80_bwd_launch<D, T, false>(p, grid, stream);
+}
+
+template <int D, typename T>
+static cudaError_t fc_sm90_bwd_run(const fc_cuda_bwd_params &p, bool causal, dim3 grid,
+                                   cudaStream_t stream) {
+    using Tr = fc_sm90_bwd_traits<D>;
+    FC_LOG("sm90_bwd_kernel<D=%d, %s, causal=%d>: Br=%d Bc=%d q_stages=%d grid=(%u,%u,%u) "
+           "block=%d smem=%d deterministic=%d", D, fc_cuda_dtype_name<T>(), (int)causal, Tr::kBr,
+           Tr::kBc, Tr::kQStages, grid.x, grid.y, grid.z, Tr::kThreads, Tr::kSmemBytes,
+           (int)p.deterministic);
+    return causal ? sm90_bwd_launch<D, T, true>(p, grid, stream)
+                  : sm90_bwd_launch<D, T, false>(p, grid, stream);
+}
+
+enum { FC_BWW_PACK, FC_BWW_LSE2, FC_BWW_DELTA, FC_BWW_DQACC, FC_BWW_SEM, FC_BWW_N };
+
+// What fc_cuda_bwd will run.
+typedef struct {
+    int family;       // FC_FAMILY_SM80 or FC_FAMILY_SM90
+    int dim;          // compiled head dim of the family (>= head_dim, zero-padded)
+    int br, bc;       // its tile
+    int64_t dq_pitch; // floats per dq_accum row: sm90 the instance's D (its bulk
+                      // reductions cover whole rows), sm80 the packed row
+    bool causal;      // the kCausal instance
+    bool empty;       // no batch, head or key: nothing to write
+    int64_t rows;     // scratch rows per head (a multiple of 128)
+    int32_t sq_pad;   // batched: Sq rounded up to kFcBwdPadRows
+    fc_cuda_pack_plan pk;
+    size_t off[FC_BWW_N];
+    size_t bytes;
+} fc_cuda_bwd_plan;
+
+static flashc_status fc_cuda_bwd_plan_make(const fc_attn *a, fc_cuda_bwd_plan *pl) {
+    *pl = fc_cuda_bwd_plan{};
+    FC_TRY(fc_cuda_dtype_check(a));
+    const int64_t d8 = (a->head_dim + 7) / 8 * 8;
+    if (fc_bwd_dim(FC_FAMILY_SM80, d8) == 0)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "head_dim=%lld but this CUDA build's backward supports up to %d",
+                            (long long)a->head_dim, fc_bwd_max_dim());
+    FC_TRY(fc_cuda_len_check(a));
+    FC_TRY(fc_cuda_grid_check(a->batch, a->kv_heads, "kv_heads"));
+    fc_cuda_device dv;
+    FC_TRY(fc_cuda_device_get(&dv));
+    pl->family = fc_cuda_family(dv, d8, fc_bwd_dim(FC_FAMILY_SM90, d8) != 0);
+    const bool sm90 = pl->family == FC_FAMILY_SM90;
+    pl->dim = fc_bwd_dim(pl->family, d8);
+    int smem = 0;
+    fc_bwd_shape(pl->family, pl->dim, &pl->br, &pl->bc, &smem);
+    if (smem > dv.smem_optin)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "head_dim=%lld: the backward needs %d bytes of shared memory per "
+                            "block but CUDA device %d allows %d",
+                            (long long)a->head_dim, smem, dv.dev, dv.smem_optin);
+    pl->causal = a->window_right == 0;
+    pl->empty = a->batch == 0 || a->heads == 0 || a->max_seqlen_k == 0;
+
+    const int64_t pad = kFcBwdPadRows;
+    pl->sq_pad = (int32_t)((a->max_seqlen_q + pad - 1) / pad * pad);
+    const int64_t rows = a->cu_seqlens_q ? a->total_q + a->batch * pad : a->batch * pl->sq_pad;
+    pl->rows = (rows + pad - 1) / pad * pad;
+    pl->pk = fc_cuda_pack_layout(a, FC_PACK_N);
+    pl->dq_pitch = sm90 ? pl->dim : pl->pk.dp;
+    const size_t h = (size_t)a->heads, r = (size_t)pl->rows;
+    size_t sizes[FC_BWW_N] = {0};
+    if (!pl->empty) {
+        sizes[FC_BWW_PACK] = pl->pk.bytes;
+        sizes[FC_BWW_LSE2] = h * r * sizeof(float);
+        sizes[FC_BWW_DELTA] = h * r * sizeof(float);
+        sizes[FC_BWW_DQACC] = h * r * (size_t)pl->dq_pitch * sizeof(float);
+        if (a->deterministic) sizes[FC_BWW_SEM] = h * (r / (size_t)pl->br) * sizeof(int32_t);
+    }
+    pl->bytes = fc_ws_layout(FC_BWW_N, sizes, pl->off);
+    return FLASHC_OK;
+}
+
+extern "C" flashc_status fc_cuda_bwd_supported(const fc_attn *a) {
+    fc_cuda_bwd_plan pl;
+    return fc_cuda_bwd_plan_make(a, &pl);
+}
+
+// A problem the plan refuses needs no workspace: the run reports why.
+extern "C" size_t fc_cuda_bwd_workspace(const fc_attn *a) {
+    fc_cuda_bwd_plan pl;
+    if (fc_cuda_bwd_plan_make(a, &pl) == FLASHC_OK) return pl.bytes;
+    fc_clear_error();
+    return 0;
+}
+
+extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes) {
+    fc_cuda_bwd_plan pl;
+    FC_TRY(fc_cuda_bwd_plan_make(a, &pl));
+    if (pl.empty) return FLASHC_OK;
+    if (ws_bytes < pl.bytes || !ws)
+        return fc_set_error(FLASHC_ERR_WORKSPACE_TOO_SMALL, "workspace_bytes=%zu but %zu are needed",
+                            ws_bytes, pl.bytes);
+    const cudaStream_t stream = (cudaStream_t)a->stream;
+    char *base = (char *)ws;
+    void *pack_ws = base + pl.off[FC_BWW_PACK];
+
+    fc_attn packed;
+    FC_CUDA_TRY(fc_cuda_pack_start(a, pl.pk, pack_ws, {FC_PACK_DK, FC_PACK_DV}, stream, &packed));
+    fc_cuda_bwd_params p = {};
+    p.f = fc_cuda_fwd_make_params(&packed);
+    p.f.head_dim = (int32_t)pl.pk.dp;
+    p.dout = packed.dout.ptr;
+    p.do_s_batch = packed.dout.s_batch, p.do_s_seq = packed.dout.s_seq, p.do_s_head = packed.dout.s_head;
+    p.dq = a->dq.ptr;  // the dQ kernel writes any stride and head dim
+    p.dq_s_batch = a->dq.s_batch, p.dq_s_seq = a->dq.s_seq, p.dq_s_head = a->dq.s_head;
+    p.dk = packed.dk.ptr, p.dv = packed.dv.ptr;
+    p.dk_s_batch = packed.dk.s_batch, p.dk_s_seq = packed.dk.s_seq, p.dk_s_head = packed.dk.s_head;
+    p.dv_s_batch = packed.dv.s_batch, p.dv_s_seq = packed.dv.s_seq, p.dv_s_head = packed.dv.s_head;
+    p.dq_head_dim = (int32_t)a->head_dim;
+    p.lse2 = (float *)(base + pl.off[FC_BWW_LSE2]);
+    p.delta = (float *)(base + pl.off[FC_BWW_DELTA]);
+    p.dq_accum = (float *)(base + pl.off[FC_BWW_DQACC]);
+    p.sem = a->deterministic ? (int32_t *)(base + pl.off[FC_BWW_SEM]) : NULL;
+    p.rows = pl.rows;
+    p.sq_pad = pl.sq_pad;
+    p.dq_pitch = (int32_t)pl.dq_pitch;
+    p.dq_swizzle = pl.family == FC_FAMILY_SM90;
+    p.sem_br = pl.br;
+    p.ds_scale = a->scale;
+    p.log2e = fc_score_consts_of(a).log2e;
+    p.deterministic = a->deterministic;
+
+    const bool bf16 = a->dtype == FLASHC_DTYPE_BF16;
+    const dim3 prep_grid((unsigned)((a->max_seqlen_q + kFcBwdPrepRows - 1) / kFcBwdPrepRows),
+                         (unsigned)a->heads, (unsigned)a->batch);
+    if (p.sem)
+        FC_CUDA_TRY(cudaMemsetAsync(p.sem, 0, (size_t)a->heads * (size_t)(pl.rows / pl.br) * 4, stream));
+    FC_LOG("fc_bwd_pre_kernel, fc_bwd_dq_kernel: grid=(%u,%u,%u) block=%d; scratch rows=%lld "
+           "workspace=%zu packed=%d", prep_grid.x, prep_grid.y, prep_grid.z, kFcBwdPrepThreads,
+           (long long)pl.rows, pl.bytes, pl.pk.bytes > 0);
+    cudaError_t e = cudaSuccess;
+    if (prep_grid.x > 0) {
+        if (bf16)
+            fc_bwd_pre_kernel<__nv_bfloat16><<<prep_grid, kFcBwdPrepThreads, 0, stream>>>(p);
+        else
+            fc_bwd_pre_kernel<__half><<<prep_grid, kFcBwdPrepThreads, 0, stream>>>(p);
+        FC_CUDA_TRY(cudaGetLastError());
+    }
+    const dim3 grid((unsigned)((a->max_seqlen_k + pl.bc - 1) / pl.bc), (unsigned)a->kv_heads,
+                    (unsigned)a->batch);
+    e = cudaErrorInvalidValue;  // no instance: cannot happen after the plan
+#define FC_CASE_(F, D)                                                                 \
+    case D:                                                                            \
+        e = bf16 ? fc_##F##_bwd_run<D, __nv_bfloat16>(p, pl.causal, grid, stream)      \
+                 : fc_##F##_bwd_run<D, __half>(p, pl.causal, grid, stream);            \
+        break;
+#define FC_CASE80_(D) FC_CASE_(sm80, D)
+#define FC_CASE90_(D) FC_CASE_(sm90, D)
+    if (pl.family == FC_FAMILY_SM90) {
+        switch (pl.dim) { FC_SM90_BWD_HEADDIMS(FC_CASE90_) default: break; }
+    } else {
+        switch (pl.dim) { FC_SM80_BWD_HEADDIMS(FC_CASE80_) default: break; }
+    }
+#undef FC_CASE90_
+#undef FC_CASE80_
+#undef FC_CASE_
+    if (e != cudaSuccess)
+        return fc_set_error(FLASHC_ERR_CUDA, "sm%d_bwd_kernel<D=%d, %s, causal=%d> launch: %s",
+                            pl.family, pl.dim, bf16 ? "bf16" : "fp16", (int)pl.causal,
+                            cudaGetErrorString(e));
+    if (prep_grid.x > 0) {
+        if (bf16)
+            fc_bwd_dq_kernel<__nv_bfloat16><<<prep_grid, kFcBwdPrepThreads, 0, stream>>>(p);
+        else
+            fc_bwd_dq_kernel<__half><<<prep_grid, kFcBwdPrepThreads, 0, stream>>>(p);
+        FC_CUDA_TRY(cudaGetLastError());
+    }
+    FC_CUDA_TRY(fc_cuda_pack_finish(a, pl.pk, pack_ws, {FC_PACK_DK, FC_PACK_DV}, stream));
+    return FLASHC_OK;
+}
+#else   // FLASHC_CUDA_BWD=OFF: a build without the backward kernels
+extern "C" flashc_status fc_cuda_bwd_supported(const fc_attn *a) {
+    return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                        "q.device=cuda but this build has no CUDA backward (FLASHC_CUDA_BWD=OFF)");
+}
+
+extern "C" size_t fc_cuda_bwd_workspace(const fc_attn *a) { return 0; }
+
+extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes) {
+    return fc_cuda_bwd_supported(a);
+}
+#endif  // FLASHC_CUDA_NO_BWD

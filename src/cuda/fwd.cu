@@ -1,0 +1,191 @@
+// fwd.cu : the forward on device tensors (fc_cuda_fwd, backend.h), the only
+// file that knows the forward kernels.
+//
+//   fc_cuda_fwd(a)  fc_attn (api.c's validated problem) -> fc_cuda_fwd_params
+//                   (plan.cu: host-derived constants such as score_scale * log2 e),
+//                   the kernel family for the device (plan.h), head dim rounded up
+//                   to a compiled instance of it (zero-padded), one switch over
+//                   the family's generated list of head dims
+//                   (sm80/inst/instances.h, sm90/inst/instances.h), grid from the
+//                   tuning table (traits.h), launch on a->stream, cudaGetLastError.
+//   fc_cuda_fwd_supported(a)  the same checks, nothing launched.
+//   fc_cuda_fwd_workspace(a)  bytes for the repacked operands (plan.h):
+//                   q, k, v, out that are not 16-byte aligned, have a stride
+//                   that is not a multiple of 8 elements, or (all four) when D
+//                   is not a multiple of 8; 0 when every operand is read in place.
+//
+// Families: sm90 (wgmma, sm90/fwd_kernel.cuh), sm80 (mma.sync,
+// sm80/fwd_kernel.cuh); fc_cuda_family chooses.
+//
+// Not here yet: attn_probs (FLASHC_ERR_UNSUPPORTED), fp32 inputs.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "plan.h"
+#include "sm80/inst/instances.h"
+#include "sm90/inst/instances.h"
+#include "traits.h"
+
+// ---- the instances ----
+// Smallest compiled head dim >= d of the family, or 0.
+static int fc_fwd_dim(int family, int64_t d) {
+#define FC_DIM_(D) \
+    if (d <= D) return D;
+    if (family == FC_FAMILY_SM90) {
+        FC_SM90_FWD_HEADDIMS(FC_DIM_)
+    } else {
+        FC_SM80_FWD_HEADDIMS(FC_DIM_)
+    }
+#undef FC_DIM_
+    return 0;
+}
+
+// Largest compiled head dim (of the sm80 family, which has them all).
+static int fc_fwd_max_dim(void) {
+    int m = 0;
+#define FC_MAX_(D) m = D;
+    FC_SM80_FWD_HEADDIMS(FC_MAX_)
+#undef FC_MAX_
+    return m;
+}
+
+// Shared memory of the family's instance for head dim `dim` (0 if none).
+static int fc_fwd_smem(int family, int dim) {
+#define FC_SMEM80_(D) \
+    if (family == FC_FAMILY_SM80 && dim == D) return fc_sm80_fwd_traits<D>::kSmemBytes;
+#define FC_SMEM90_(D) \
+    if (family == FC_FAMILY_SM90 && dim == D) return fc_sm90_fwd_traits<D>::kSmemBytes;
+    FC_SM80_FWD_HEADDIMS(FC_SMEM80_)
+    FC_SM90_FWD_HEADDIMS(FC_SMEM90_)
+#undef FC_SMEM80_
+#undef FC_SMEM90_
+    return 0;
+}
+
+static dim3 fc_fwd_grid(const fc_cuda_fwd_params &p, int br) {
+    return dim3((unsigned)((p.seqlen_q + br - 1) / br), (unsigned)p.heads, (unsigned)p.batch);
+}
+
+template <int D, typename T>
+static cudaError_t fc_sm80_fwd_run(const fc_cuda_fwd_params &p, bool causal,
+                                   cudaStream_t stream) {
+    using Tr = fc_sm80_fwd_traits<D>;
+    const dim3 grid = fc_fwd_grid(p, Tr::kBr);
+    FC_LOG("sm80_fwd_kernel<D=%d, %s, causal=%d>: Br=%d Bc=%d warps=%d stages=%d q_in_regs=%d "
+           "grid=(%u,%u,%u) block=%d smem=%d", D, fc_cuda_dtype_name<T>(), (int)causal, Tr::kBr,
+           Tr::kBc, Tr::kWarps, Tr::kStages, (int)Tr::kQinRegs, grid.x, grid.y, grid.z,
+           Tr::kThreads, Tr::kSmemBytes);
+    return causal ? sm80_fwd_launch<D, T, true>(p, grid, stream)
+                  : sm80_fwd_launch<D, T, false>(p, grid, stream);
+}
+
+template <int D, typename T>
+static cudaError_t fc_sm90_fwd_run(const fc_cuda_fwd_params &p, bool causal,
+                                   cudaStream_t stream) {
+    using Tr = fc_sm90_fwd_traits<D>;
+    const dim3 grid = fc_fwd_grid(p, Tr::kBr);
+    FC_LOG("sm90_fwd_kernel<D=%d, %s, causal=%d>: Br=%d Bc=%d warpgroups=%d stages=%d "
+           "grid=(%u,%u,%u) block=%d smem=%d", D, fc_cuda_dtype_name<T>(), (int)causal, Tr::kBr,
+           Tr::kBc, Tr::kWarpgroups, Tr::kStages, grid.x, grid.y, grid.z, Tr::kThreads,
+           Tr::kSmemBytes);
+    return causal ? sm90_fwd_launch<D, T, true>(p, grid, stream)
+                  : sm90_fwd_launch<D, T, false>(p, grid, stream);
+}
+
+// ---- the forward ----
+// What fc_cuda_fwd will run: the instance and whether there is work at all.
+typedef struct {
+    int family;  // FC_FAMILY_SM80 or FC_FAMILY_SM90
+    int dim;     // compiled head dim of the family (>= head_dim, zero-padded)
+    bool causal; // the kCausal instance (right window edge on the diagonal)
+    bool empty;  // nothing to compute (no batch, head or query row)
+} fc_cuda_fwd_plan;
+
+// Every check of the CUDA forward, nothing launched: the dtype, options and
+// layouts the kernels take, and the current device.
+static flashc_status fc_cuda_fwd_check(const fc_attn *a, fc_cuda_fwd_plan *plan) {
+    FC_TRY(fc_cuda_dtype_check(a));
+    if (a->probs)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "attn_probs is not supported by the CUDA backend (use the CPU)");
+    const int64_t d8 = (a->head_dim + 7) / 8 * 8;
+    if (fc_fwd_dim(FC_FAMILY_SM80, d8) == 0)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "head_dim=%lld but this CUDA build supports up to %d",
+                            (long long)a->head_dim, fc_fwd_max_dim());
+    FC_TRY(fc_cuda_len_check(a));
+    FC_TRY(fc_cuda_grid_check(a->batch, a->heads, "heads"));
+    plan->causal = a->window_right == 0;
+    plan->empty = a->batch == 0 || a->heads == 0 || a->max_seqlen_q == 0;
+
+    fc_cuda_device dv;
+    FC_TRY(fc_cuda_device_get(&dv));
+    plan->family = fc_cuda_family(dv, d8, fc_fwd_dim(FC_FAMILY_SM90, d8) != 0);
+    plan->dim = fc_fwd_dim(plan->family, d8);
+    const int smem = fc_fwd_smem(plan->family, plan->dim);
+    if (smem > dv.smem_optin)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "head_dim=%lld needs %d bytes of shared memory per block but CUDA "
+                            "device %d allows %d",
+                            (long long)a->head_dim, smem, dv.dev, dv.smem_optin);
+    return FLASHC_OK;
+}
+
+extern "C" size_t fc_cuda_fwd_workspace(const fc_attn *a) {
+    return fc_cuda_pack_layout(a, FC_PACK_DOUT).bytes;
+}
+
+extern "C" flashc_status fc_cuda_fwd_supported(const fc_attn *a) {
+    fc_cuda_fwd_plan plan;
+    return fc_cuda_fwd_check(a, &plan);
+}
+
+extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes) {
+    fc_cuda_fwd_plan plan;
+    FC_TRY(fc_cuda_fwd_check(a, &plan));
+    if (plan.empty) return FLASHC_OK;
+    const cudaStream_t stream = (cudaStream_t)a->stream;
+
+    // ---- repack what the kernels cannot read in place ----
+    const fc_cuda_pack_plan pk = fc_cuda_pack_layout(a, FC_PACK_DOUT);
+    if (ws_bytes < pk.bytes || (pk.bytes && !ws))
+        return fc_set_error(FLASHC_ERR_WORKSPACE_TOO_SMALL,
+                            "workspace_bytes=%zu but %zu are needed", ws_bytes, pk.bytes);
+    fc_attn packed;
+    FC_CUDA_TRY(fc_cuda_pack_start(a, pk, ws, {FC_PACK_OUT}, stream, &packed));
+    fc_cuda_fwd_params p = fc_cuda_fwd_make_params(&packed);
+    p.head_dim = (int32_t)pk.dp;
+
+    // ---- dispatch: one switch over the family's compiled head dims ----
+    const bool bf16 = a->dtype == FLASHC_DTYPE_BF16;
+    cudaError_t e = cudaErrorInvalidValue;  // no instance: cannot happen after the check
+#define FC_CASE_(F, D)                                                            \
+    case D:                                                                       \
+        e = bf16 ? fc_##F##_fwd_run<D, __nv_bfloat16>(p, plan.causal, stream)     \
+                 : fc_##F##_fwd_run<D, __half>(p, plan.causal, stream);           \
+        break;
+#define FC_CASE80_(D) FC_CASE_(sm80, D)
+#define FC_CASE90_(D) FC_CASE_(sm90, D)
+    if (plan.family == FC_FAMILY_SM90) {
+        switch (plan.dim) {
+            FC_SM90_FWD_HEADDIMS(FC_CASE90_)
+        default: break;
+        }
+    } else {
+        switch (plan.dim) {
+            FC_SM80_FWD_HEADDIMS(FC_CASE80_)
+        default: break;
+        }
+    }
+#undef FC_CASE80_
+#undef FC_CASE90_
+#undef FC_CASE_
+    if (e != cudaSuccess)
+        return fc_set_error(FLASHC_ERR_CUDA, "sm%d_fwd_kernel<D=%d, %s, causal=%d> launch: %s",
+                            plan.family, plan.dim, bf16 ? "bf16" : "fp16", (int)plan.causal,
+                            cudaGetErrorString(e));
+    FC_CUDA_TRY(fc_cuda_pack_finish(a, pk, ws, {FC_PACK_OUT}, stream));
+    return FLASHC_OK;
+}
