@@ -7,7 +7,7 @@
  * flashc_backend_name) and, in a build without CUDA, the CUDA device queries
  * (src/cuda/device.cu has them otherwise).
  *
- * Not here: the choice of the backend for a call (api.c's prepare step, from
+ * Not here: the choice of the backend for a call (prepare.c's fc_select_backend, from
  * the tensors' device and params.backend).
  */
 #include <stdlib.h>

@@ -20,7 +20,7 @@
  * once, so a constant has one value everywhere it is used.
  *
  * Not here: the window (common/window.h), the dropout mask itself
- * (common/philox.h), the scale's default (api.c resolves it into fc_attn).
+ * (common/philox.h), the scale's default (prepare.c resolves it into fc_attn).
  */
 #ifndef FLASHC_COMMON_SCORE_H
 #define FLASHC_COMMON_SCORE_H

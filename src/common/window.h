@@ -7,7 +7,8 @@
  * and sees key j (0 <= j < sk) iff
  *     left  < 0  or  j >= diag - left
  *     right < 0  or  j <= diag + right
- * where left, right are the window (-1 = unbounded; causal is right = 0).
+ * where left, right are fc_attn's window (-1 = unbounded; causal is right = 0;
+ * prepare.c turns flashc_params' windowed = 0 into -1, -1).
  *
  * Two forms, side by side here; tests/test_rules.c proves that they agree:
  *   range    keys [FC_WINDOW_LO(diag, left), FC_WINDOW_HI(diag, right, sk)):
@@ -17,14 +18,14 @@
  *            (the caller bounds j < sk).
  *
  * Macros, generic over the index type, because the two sides need different
- * widths: the GPU kernels use int (src/cuda/common/mask.cuh; launch keeps every
- * length and window below 2^30 there), the host int64_t (src/internal.h
+ * widths: the GPU kernels use int (src/cuda/common/mask.cuh; src/cuda/plan.cu
+ * keeps every length and window below 2^30 there), the host int64_t (src/internal.h
  * fc_key_range: lengths and windows up to INT32_MAX, whose sums need 64 bits).
  * A macro also expands to the very expression a kernel had written inline, so
  * the kernels compile to the same SASS. Arguments may be evaluated more than
  * once: pass plain values. Plain C: it compiles as CUDA host and device code.
  *
- * Users: fc_key_range (the host form: src/cpu, api.c), common/mask.cuh fc_mask
+ * Users: fc_key_range (the host form: src/cpu), common/mask.cuh fc_mask
  * (every GPU kernel's masks and tile ranges), the scalar score_mod. Twins in
  * their own form, checked by tests/test_rules.c: the vector score_mod of
  * src/cpu/simd_avx2.c and simd_avx512.c (lanes of FC_WINDOW_SEES). The CUDA

@@ -40,7 +40,7 @@
  *
  * Not here: paging (the backward has none; rows are still read through
  * fc_q_row / fc_kv_row), vector code (all of it goes through fc_simd()),
- * argument checks (api.c).
+ * argument checks (prepare.c).
  */
 #include <math.h>
 #include <stdatomic.h>

@@ -45,7 +45,7 @@
  * single decode row leaves a micro-kernel's columns nearly empty). Masks,
  * ALiBi and dropout run per head on its Sq columns.
  *
- * Not here: vector code (simd_*.c), argument checks (api.c), the KV append and
+ * Not here: vector code (simd_*.c), argument checks (prepare.c), the KV append and
  * rotary of the decode entry (kvcache.c), split-KV.
  */
 #include <math.h>

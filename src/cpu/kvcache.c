@@ -1,6 +1,6 @@
 /* kvcache.c : the CPU decode path, flash_attn's mha_fwd_kvcache on the host.
  *
- * Three steps over the problem api.c normalised into fc_kvcache:
+ * Three steps over the problem prepare.c normalised into fc_kvcache:
  *   1. append (with k_new): row t of k_new and v_new of batch b goes to logical
  *      key index j = cache_seqlens[b] - leftpad[b] + t of the cache, that is
  *      cache row cache_seqlens[b] + t; fc_kv_row adds the leftpad and resolves
@@ -20,9 +20,9 @@
  * Workspace: [rotated q, only with rotary][the forward's workspace], carved by
  * fc_ws_layout. fc_cpu_kvcache_workspace reads only shapes: api.c asks for it
  * before kc->cache_seqlens and kc->attn.seqlens_k exist (they live in api.c's
- * own region, in front of this one; see api.c).
+ * own region, in front of this one; see src/call.h fc_call_kv_lengths).
  *
- * Not here: validation (api.c did it all: capacity, pages, batch indices,
+ * Not here: validation (prepare.c did it all: capacity, pages, batch indices,
  * rotary length) and threading: decode appends a few rows per call, so the
  * append and the rotation run on the calling thread; the forward is threaded.
  */

@@ -2,7 +2,7 @@
 // (flashc_fwd_kvcache): the prep kernel (append + rotary), the split-KV decode
 // kernel and the combine kernel (common/kvcache_kernels.cuh, sm80/decode_kernel.cuh).
 //
-// kvcache.cu fills them from api.c's fc_kvcache (src/internal.h) and passes them
+// kvcache.cu fills them from prepare.c's fc_kvcache (src/internal.h) and passes them
 // by value as `const __grid_constant__` kernel arguments, as params.h does for
 // the forward. The decode struct embeds the forward's fc_cuda_fwd_params: the
 // operands, strides, cache layout, masks, softcap, ALiBi and the host-derived
