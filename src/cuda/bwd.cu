@@ -29,26 +29,12 @@
 #include "sm90/inst/bwd_instances.h"
 #include "traits.h"
 
+static const int kFcSm80BwdDims[] = {FC_SM80_BWD_HEADDIMS(FC_DIM_ENTRY_) 0};
+static const int kFcSm90BwdDims[] = {FC_SM90_BWD_HEADDIMS(FC_DIM_ENTRY_) 0};
+
 // Smallest compiled backward head dim >= d of the family, or 0.
 static int fc_bwd_dim(int family, int64_t d) {
-#define FC_DIM_(D) \
-    if (d <= D) return D;
-    if (family == FC_FAMILY_SM90) {
-        FC_SM90_BWD_HEADDIMS(FC_DIM_)
-        return 0;
-    }
-    FC_SM80_BWD_HEADDIMS(FC_DIM_)
-#undef FC_DIM_
-    return 0;
-}
-
-// Largest compiled backward head dim (of the sm80 family, which has them all).
-static int fc_bwd_max_dim(void) {
-    int m = 0;
-#define FC_MAX_(D) m = D;
-    FC_SM80_BWD_HEADDIMS(FC_MAX_)
-#undef FC_MAX_
-    return m;
+    return fc_dim_at_least(family == FC_FAMILY_SM90 ? kFcSm90BwdDims : kFcSm80BwdDims, d);
 }
 
 // Tile (Br, Bc) and shared memory of the family's backward instance for head dim `dim`.
@@ -118,7 +104,7 @@ static flashc_status fc_cuda_bwd_plan_make(const fc_attn *a, fc_cuda_bwd_plan *p
     if (fc_bwd_dim(FC_FAMILY_SM80, d8) == 0)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "head_dim=%lld but this CUDA build's backward supports up to %d",
-                            (long long)a->head_dim, fc_bwd_max_dim());
+                            (long long)a->head_dim, fc_dim_max(kFcSm80BwdDims));
     FC_TRY(fc_cuda_len_check(a));
     FC_TRY(fc_cuda_grid_check(a->batch, a->kv_heads, "kv_heads"));
     fc_cuda_device dv;

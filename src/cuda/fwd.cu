@@ -1,7 +1,7 @@
 // fwd.cu : the forward on device tensors (fc_cuda_fwd, backend.h), the only
 // file that knows the forward kernels.
 //
-//   fc_cuda_fwd(a)  fc_attn (api.c's validated problem) -> fc_cuda_fwd_params
+//   fc_cuda_fwd(a)  fc_attn (prepare.c's validated problem) -> fc_cuda_fwd_params
 //                   (plan.cu: host-derived constants such as score_scale * log2 e),
 //                   the kernel family for the device (plan.h), head dim rounded up
 //                   to a compiled instance of it (zero-padded), one switch over
@@ -29,26 +29,12 @@
 #include "traits.h"
 
 // ---- the instances ----
+static const int kFcSm80FwdDims[] = {FC_SM80_FWD_HEADDIMS(FC_DIM_ENTRY_) 0};
+static const int kFcSm90FwdDims[] = {FC_SM90_FWD_HEADDIMS(FC_DIM_ENTRY_) 0};
+
 // Smallest compiled head dim >= d of the family, or 0.
 static int fc_fwd_dim(int family, int64_t d) {
-#define FC_DIM_(D) \
-    if (d <= D) return D;
-    if (family == FC_FAMILY_SM90) {
-        FC_SM90_FWD_HEADDIMS(FC_DIM_)
-    } else {
-        FC_SM80_FWD_HEADDIMS(FC_DIM_)
-    }
-#undef FC_DIM_
-    return 0;
-}
-
-// Largest compiled head dim (of the sm80 family, which has them all).
-static int fc_fwd_max_dim(void) {
-    int m = 0;
-#define FC_MAX_(D) m = D;
-    FC_SM80_FWD_HEADDIMS(FC_MAX_)
-#undef FC_MAX_
-    return m;
+    return fc_dim_at_least(family == FC_FAMILY_SM90 ? kFcSm90FwdDims : kFcSm80FwdDims, d);
 }
 
 // Shared memory of the family's instance for head dim `dim` (0 if none).
@@ -114,7 +100,7 @@ static flashc_status fc_cuda_fwd_check(const fc_attn *a, fc_cuda_fwd_plan *plan)
     if (fc_fwd_dim(FC_FAMILY_SM80, d8) == 0)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "head_dim=%lld but this CUDA build supports up to %d",
-                            (long long)a->head_dim, fc_fwd_max_dim());
+                            (long long)a->head_dim, fc_dim_max(kFcSm80FwdDims));
     FC_TRY(fc_cuda_len_check(a));
     FC_TRY(fc_cuda_grid_check(a->batch, a->heads, "heads"));
     plan->causal = a->window_right == 0;

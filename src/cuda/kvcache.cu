@@ -34,14 +34,7 @@
 // tiles read it once per query head.
 static const int64_t kFcDecodeMaxRows = 128;
 
-// Smallest compiled decode head dim >= d, or 0.
-static int fc_decode_dim(int64_t d) {
-#define FC_DIM_(D) \
-    if (d <= D) return D;
-    FC_SM80_DECODE_HEADDIMS(FC_DIM_)
-#undef FC_DIM_
-    return 0;
-}
+static const int kFcDecodeDims[] = {FC_SM80_DECODE_HEADDIMS(FC_DIM_ENTRY_) 0};
 
 // Key tile and shared memory of the decode instance for head dim `dim`.
 static void fc_decode_shape(int dim, int *bc, int *smem) {
@@ -152,7 +145,7 @@ static flashc_status fc_cuda_kv_plan_make(const fc_kvcache *kc, fc_cuda_kv_plan 
     const int64_t group = a->heads / a->kv_heads, rows = a->max_seqlen_q * group;
     const fc_attn att = fc_kv_attn(kc, pl->rotary, NULL, NULL);
     int bc = 0, smem = 0;
-    pl->dim = fc_decode_dim(a->head_dim);
+    pl->dim = fc_dim_at_least(kFcDecodeDims, a->head_dim);
     fc_decode_shape(pl->dim, &bc, &smem);
     pl->decode = pl->attend && a->head_dim % 8 == 0 && pl->dim > 0 && smem <= dv.smem_optin &&
                  rows <= kFcDecodeMaxRows && fc_cuda_view_direct(&att.q, a->head_dim) &&

@@ -54,6 +54,19 @@ flashc_status fc_cuda_grid_check(int64_t batch, int64_t heads, const char *heads
     return FLASHC_OK;
 }
 
+// ---- compiled head dims ----
+int fc_dim_at_least(const int *dims, int64_t d) {
+    for (; *dims; dims++)
+        if (d <= *dims) return *dims;
+    return 0;
+}
+
+int fc_dim_max(const int *dims) {
+    int m = 0;
+    for (; *dims; dims++) m = *dims;
+    return m;
+}
+
 // ---- the kernel family ----
 int fc_cuda_family(const fc_cuda_device &dv, int64_t d8, bool has_sm90) {
     const char *force = getenv("FLASHC_CUDA_FAMILY");

@@ -68,6 +68,18 @@ flashc_status fc_cuda_len_check(const fc_attn *a);
 // batch are grid dimensions y and z, at most 65535 each.
 flashc_status fc_cuda_grid_check(int64_t batch, int64_t heads, const char *heads_name);
 
+// ---- compiled head dims ----
+// A generated head-dim list (FC_<FAMILY>_<OP>_HEADDIMS(X) of sm80/inst/*.h,
+// sm90/inst/*.h) as an array: {LIST(FC_DIM_ENTRY_) 0}, ascending, the 0 ending
+// it (a list that FLASHC_CUDA_HEADDIMS trimmed may be empty).
+#define FC_DIM_ENTRY_(D) D,
+
+// The smallest dim >= d of such a list (the instance that runs head dim d,
+// zero-padded), or 0 when d is above them all.
+int fc_dim_at_least(const int *dims, int64_t d);
+// The largest dim of such a list, or 0 when it is empty.
+int fc_dim_max(const int *dims);
+
 // ---- the kernel family ----
 enum { FC_FAMILY_SM80 = 80, FC_FAMILY_SM90 = 90 };
 
