@@ -13,6 +13,7 @@ FLASHC_CUDA_BWD=OFF) skips; any other failure fails.
 Run:  FLASHC_LIBRARY=build/libflashc.so PYTHONPATH=python python3 -m pytest tests/python -q
 """
 import math
+import os
 
 import pytest
 import torch
@@ -82,9 +83,11 @@ def max_abs_err(x, ref):
 def check(name, got, ref, base, dtype):
     """DEVELOPERS.md's tolerance rule, the Python twin of fc_tol_check (tests/support/check.c):
     max |got - ref| <= 2 max |base - ref| + atol(dtype) max(1, max |ref|), with max |ref|
-    over its finite elements and a baseline error that is not finite counted as 0."""
-    got, ref, base = got.double().cpu(), ref.double().cpu(), base.double().cpu()
-    err, base_err = max_abs_err(got, ref), max_abs_err(base, ref)
+    over its finite elements and a baseline error that is not finite counted as 0 (as is
+    a missing baseline, base None). test_tolerance_cases proves the twins agree."""
+    got, ref = got.double().cpu(), ref.double().cpu()
+    err = max_abs_err(got, ref)
+    base_err = 0.0 if base is None else max_abs_err(base.double().cpu(), ref)
     if not math.isfinite(base_err):
         base_err = 0.0  # a baseline overflow must not loosen the bound
     finite = ref[torch.isfinite(ref)]
@@ -92,6 +95,35 @@ def check(name, got, ref, base, dtype):
     bound = 2 * base_err + ATOL[dtype] * scale
     assert err <= bound, "%s: max error %.3g > bound %.3g (baseline %.3g)%s" % (
         name, err, bound, base_err, "" if math.isfinite(err) else ": a NaN or infinity differs")
+
+
+TOLERANCE_CASES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "support",
+                               "tolerance_cases.txt")
+
+
+def test_tolerance_cases():
+    """check() gives the verdict of every case of tests/support/tolerance_cases.txt, the
+    file tests/test_tolerance.c runs fc_tol_check on: the two rules cannot drift apart."""
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+    def values(s):
+        return None if s == "-" else torch.tensor([float(x) for x in s.split(",")],
+                                                  dtype=torch.float64)
+    cases = 0
+    with open(TOLERANCE_CASES) as f:
+        for lineno, line in enumerate(f, 1):
+            if line.startswith("#") or not line.split():
+                continue
+            dt, got, ref, base, want = line.split()
+            try:
+                check("case", values(got), values(ref), values(base), dtypes[dt])
+                passed = True
+            except AssertionError:
+                passed = False
+            assert passed == (want == "1"), "tolerance_cases.txt:%d: check() says %s" % (
+                lineno, "pass" if passed else "fail")
+            cases += 1
+    assert cases >= 20
 
 
 def rand(*shape, device="cpu", dtype=torch.float32, seed=0):
