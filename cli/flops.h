@@ -11,16 +11,20 @@
  * through. Without a window: Sq * Sk, halved when causal (flash-attention's
  * convention, which ignores the diagonal). With a window (left, right; -1 =
  * unbounded on that side; causal means right = 0) each row's visible range is
- * counted exactly, bottom-right aligned: row i sees keys
- * [i + Sk - Sq - left, i + Sk - Sq + right] within [0, Sk).
+ * counted exactly by the library's rule (src/common/window.h), bottom-right
+ * aligned: row i sees keys [i + Sk - Sq - left, i + Sk - Sq + right] within
+ * [0, Sk).
  *
- * Header-only and without flashc.h, so that bench/blas_baseline.c (built by
- * bench/cpu.sh without CMake or the library) includes it as it is.
+ * Header-only, on window.h's macros alone (no flashc.h), so that
+ * bench/blas_baseline.c (built by bench/cpu.sh without CMake or the library)
+ * includes it as it is.
  */
 #ifndef FLASHC_CLI_FLOPS_H
 #define FLASHC_CLI_FLOPS_H
 
 #include <stdint.h>
+
+#include "../src/common/window.h"
 
 /* What one timed call does. */
 typedef enum { FC_MODE_FWD, FC_MODE_BWD, FC_MODE_FWDBWD } fc_mode;
@@ -33,11 +37,9 @@ static inline double fc_visible_pairs(int64_t seqlen_q, int64_t seqlen_k, int ca
     if (causal) right = 0;
     double pairs = 0;
     for (int64_t i = 0; i < seqlen_q; i++) {
-        int64_t diag = i + seqlen_k - seqlen_q;
-        int64_t lo = left >= 0 ? diag - left : 0;
-        int64_t hi = right >= 0 ? diag + right + 1 : seqlen_k;
+        int64_t diag = FC_WINDOW_DIAG(i, seqlen_q, seqlen_k);
+        int64_t lo = FC_WINDOW_LO(diag, left), hi = FC_WINDOW_HI(diag, right, seqlen_k);
         if (lo < 0) lo = 0;
-        if (hi > seqlen_k) hi = seqlen_k;
         if (hi > lo) pairs += (double)(hi - lo);
     }
     return pairs;
