@@ -151,7 +151,8 @@ def time_ms(fn, reps, warmup=3):
 def flops(b, h, sq, sk, d, causal, mode="fwd"):
     """flash-attention's FLOP count, the formula of cli/flops.h (fc_flops, as `flashc bench`
     counts): 4*B*H*pairs*D for the forward, pairs = Sq*Sk halved when causal; the backward
-    2.5x, forward + backward 3.5x. (No windows here: compare.py runs none.)"""
+    2.5x, forward + backward 3.5x. (No windows here: compare.py runs none.) The twins
+    agree by tests/python/test_flashc.py test_flops_twins."""
     pairs = sq * sk / 2 if causal else sq * sk
     return 4.0 * b * h * pairs * d * {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}[mode]
 

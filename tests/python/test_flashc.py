@@ -126,6 +126,33 @@ def test_tolerance_cases():
     assert cases >= 20
 
 
+def test_flops_twins():
+    """bench/compare.py's flops() (the Python benchmarks) and cli/flops.h's fc_flops (the
+    `flashc` program, next to the library under test) count the same FLOPs."""
+    import importlib.util
+    import re
+    import subprocess
+    cli = os.path.join(os.path.dirname(os.path.abspath(flashc._lib.lib._name)), "flashc")
+    if not os.access(cli, os.X_OK):
+        pytest.skip("no flashc program next to %s" % flashc._lib.lib._name)
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir)
+    spec = importlib.util.spec_from_file_location("compare", os.path.join(root, "bench",
+                                                                          "compare.py"))
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    for mode in ("fwd", "bwd", "fwdbwd"):
+        for causal in (0, 1):
+            b, h, sq, sk, d = 2, 3, 40, 56, 16
+            out = subprocess.run([cli, "bench", "--backend", "cpu", "--batch", str(b), "--heads",
+                                  str(h), "--seqlen", str(sq), "--seqlen-k", str(sk),
+                                  "--headdim", str(d), "--mode", mode, "--iters", "1",
+                                  "--dtype", "fp32"] + (["--causal"] if causal else []),
+                                 capture_output=True, text=True, check=True).stdout
+            gflop = float(re.search(r"\(([0-9.eE+-]+) GFLOP per call\)", out).group(1))
+            want = compare.flops(b, h, sq, sk, d, causal, mode) / 1e9
+            assert abs(gflop - want) <= 1e-3 * want, (mode, causal, gflop, want)
+
+
 def rand(*shape, device="cpu", dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     return (torch.rand(*shape, generator=g) * 2 - 1).to(device=device, dtype=dtype)
