@@ -6,6 +6,8 @@
  *     fc_key_range (the host's int64_t range, src/internal.h)
  *     == FC_WINDOW_LO / FC_WINDOW_HI on int (the GPU kernels' fc_mask form)
  *     == FC_WINDOW_SEES (the element form)
+ *     == FC_WINDOW_ROW_LO / FC_WINDOW_ROW_HI (the rows that see key j: the
+ *        backward's query-block bounds, common/bwd_tile.cuh)
  *   and the score_mod of every SIMD path this CPU runs (scalar, AVX2,
  *   AVX-512: lanes of FC_WINDOW_SEES) agrees with fc_key_range, in the
  *   forward's layout (keys down, queries across) and the backward's (queries
@@ -101,6 +103,17 @@ FC_TEST(rules_window) {
                         }
                         for (int j = 0; j < sk; j++) {
                             int want = j >= lo && j < hi;
+                            /* the rows form: row i inside key j's row bounds */
+                            int rows = (right < 0 || i >= FC_WINDOW_ROW_LO(j, right, sq, sk)) &&
+                                       (left < 0 || i <= FC_WINDOW_ROW_HI(j, left, sq, sk));
+                            if (rows != want) {
+                                fc_test_fail(__FILE__, __LINE__,
+                                             "sq=%d sk=%d window=(%d,%d) row %d key %d: the rows "
+                                             "form says %d but fc_key_range [%lld, %lld)",
+                                             sq, sk, left, right, i, j, rows, (long long)lo,
+                                             (long long)hi);
+                                return;
+                            }
                             if (FC_WINDOW_SEES(j - diag, left, right) != want) {
                                 fc_test_fail(__FILE__, __LINE__,
                                              "sq=%d sk=%d window=(%d,%d) row %d key %d: "

@@ -10,12 +10,16 @@
  * where left, right are fc_attn's window (-1 = unbounded; causal is right = 0;
  * prepare.c turns flashc_params' windowed = 0 into -1, -1).
  *
- * Two forms, side by side here; tests/test_rules.c proves that they agree:
+ * Three forms, side by side here; tests/test_rules.c proves that they agree:
  *   range    keys [FC_WINDOW_LO(diag, left), FC_WINDOW_HI(diag, right, sk)):
  *            LO may be < 0 (no bound below; clamp it at 0 to index) or >= sk,
  *            HI is <= sk; no key is visible when HI <= max(LO, 0).
  *   element  FC_WINDOW_SEES(d, left, right) for the key at d = j - diag
  *            (the caller bounds j < sk).
+ *   rows     the inverse, which rows see key j: i >= FC_WINDOW_ROW_LO(j,
+ *            right, sq, sk) when right >= 0, and i <= FC_WINDOW_ROW_HI(j, left,
+ *            sq, sk) when left >= 0 (unclamped; rows are 0 .. sq - 1). The
+ *            backward walks a key block's query blocks by it.
  *
  * Macros, generic over the index type, because the two sides need different
  * widths: the GPU kernels use int (src/cuda/common/mask.cuh; src/cuda/plan.cu
@@ -26,7 +30,8 @@
  * once: pass plain values. Plain C: it compiles as CUDA host and device code.
  *
  * Users: fc_key_range (the host form: src/cpu), common/mask.cuh fc_mask
- * (every GPU kernel's masks and tile ranges), the scalar score_mod. Twins in
+ * (every GPU kernel's masks and tile ranges), the scalar score_mod,
+ * common/bwd_tile.cuh fc_bwd_block (the rows form), cli/flops.h. Twins in
  * their own form, checked by tests/test_rules.c: the vector score_mod of
  * src/cpu/simd_avx2.c and simd_avx512.c (lanes of FC_WINDOW_SEES). The CUDA
  * host's kernel arguments turn a window edge no sequence can reach into -1:
@@ -48,5 +53,9 @@
 /* 1 iff the key at d = j - diag is inside the window (j < sk not checked). */
 #define FC_WINDOW_SEES(d, left, right) \
     (((left) < 0 || (d) >= -(left)) && ((right) < 0 || (d) <= (right)))
+
+/* The first row that sees key j (right >= 0), and the last (left >= 0). */
+#define FC_WINDOW_ROW_LO(j, right, sq, sk) ((j) - ((sk) - (sq)) - (right))
+#define FC_WINDOW_ROW_HI(j, left, sq, sk) ((j) - ((sk) - (sq)) + (left))
 
 #endif /* FLASHC_COMMON_WINDOW_H */

@@ -8,6 +8,7 @@
 #ifndef FLASHC_CUDA_BWD_TILE_CUH
 #define FLASHC_CUDA_BWD_TILE_CUH
 
+#include "../../common/window.h"
 #include "../bwd_params.h"
 #include "fwd_tile.cuh"
 #include "mask.cuh"
@@ -47,11 +48,12 @@ struct fc_bwd_block {
         int m_hi = m_count;
         if (kCausal || f.window_right >= 0) {
             const int right = kCausal ? 0 : f.window_right;
-            const int i_lo = j0 - (sk - sq) - right;  // first row whose hi() passes j0
+            const int i_lo = FC_WINDOW_ROW_LO(j0, right, sq, sk);  // first row that sees key j0
             m_lo = max(0, i_lo / Br - 1);
         }
         if (f.window_left >= 0) {
-            const int i_hi = j0 + Bc - 1 - (sk - sq) + f.window_left;  // last row whose lo() <= the block
+            // the last row that sees the block's last key
+            const int i_hi = FC_WINDOW_ROW_HI(j0 + Bc - 1, f.window_left, sq, sk);
             m_hi = min(m_count, max(0, i_hi / Br + 2));
         }
         m_span = m_hi > m_lo ? m_hi - m_lo : 0;
