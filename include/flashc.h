@@ -211,7 +211,7 @@ typedef struct flashc_params {
                                   j <= i + Sk - Sq. Same as a window with right = 0. */
     int32_t windowed;          /* 0 or 1: 1 = a sliding window (flash_attn's window_size)
                                   given by window_left and window_right; 0 = none, and
-                                  both must then be 0 (or -1) */
+                                  both must then be 0, or both -1 */
     int32_t window_left;       /* windowed, >= -1: query i sees key j only if
                                   j >= i + Sk - Sq - left; -1 = unbounded */
     int32_t window_right;      /* windowed, >= -1: ... and only if j <= i + Sk - Sq + right;
@@ -388,8 +388,9 @@ FLASHC_API flashc_status flashc_varlen_bwd_supported(const flashc_varlen_bwd_arg
  * block_table: optional int32 [B, max_blocks]
  * rotary_cos, rotary_sin: optional [S_ro, rotary_dim / 2], fp32 or q's dtype;
  *   rotary_dim is even and <= D. k_new row t is rotated at position
- *   cache_seqlens[b] + t; q row i at cache_seqlens[b] + i when causal or windowed,
- *   else at cache_seqlens[b] (as flash_attn)
+ *   cache_seqlens[b] + t; q row i at cache_seqlens[b] + i when causal or windowed
+ *   with an edge below the cache's rows (S_c, or max_blocks * page_size; an edge
+ *   at or past them is no edge), else at cache_seqlens[b] (as flash_attn)
  * alibi_slopes: optional fp32 [H] or [B, H]
  * out: [B, Sq, H, D]  softmax_lse: optional fp32 [B, H, Sq]
  * The keys of b are cache rows cache_leftpad[b] .. cache_seqlens[b] + S_new - 1;

@@ -12,8 +12,8 @@
  *      fill api.c's region, call the backend's `run`.
  * flashc_*_supported stops after step 2, the *_workspace_size queries after 3,
  * so a query never answers OK for a call that its run would refuse. The run
- * itself skips step 2: the backend's run makes the same checks (a decode call
- * pays for them once).
+ * itself skips step 2 (the backend's run makes the same checks: a decode call
+ * pays for them once) unless it is about to borrow a workspace.
  *
  * api.c's region holds, for flashc_fwd_kvcache on host tensors only, the two
  * int32 [B] length arrays of fc_call_kv_lengths (call.h).
@@ -85,6 +85,9 @@ static flashc_status fc_run(fc_call *call, void *ws, size_t ws_bytes) {
     void *owned = NULL;
     if (!ws && ws_bytes == 0) {
         if (need > 0) {
+            /* nothing borrowed for a call the backend refuses: its reason, not an
+               allocation, is what the caller gets */
+            FC_TRY(fc_call_supported(call));
             owned = ws = fc_alloc(need, call->device);
             if (!ws)
                 return fc_set_error(FLASHC_ERR_OUT_OF_MEMORY,

@@ -263,7 +263,7 @@ typedef struct fc_kvcache {
     const int32_t *cache_seqlens; /* [B] rows in use before the append (leftpad included);
                                      NULL on the CUDA backend, which reads the three below */
     /* The caller's cache_seqlens as given, for a backend whose integer tensors
-     * live in device memory (api.c neither reads them nor fills the arrays
+     * live in device memory (prepare.c neither reads them nor fills the arrays
      * above there): rows in use of b = cache_seqlens_in ?
      * cache_seqlens_in[b * cache_seqlens_in_stride] : kv_capacity. */
     const int32_t *cache_seqlens_in; /* NULL when the caller gave none */
@@ -278,10 +278,21 @@ typedef struct fc_kvcache {
     bool rotary_interleaved;
 } fc_kvcache;
 
-/* Rotary position of query row i of sequence b (flash_attn's rule). */
+/* flash_attn's rule for the rotary position of the query rows: row i of
+ * sequence b at cache_seqlens[b] + i when a window edge can clip a key of the
+ * cache (causal: right = 0), else every row at cache_seqlens[b]. An edge at or
+ * past the cache's rows (kv_capacity) is no edge, as mha_fwd_kvcache sets such
+ * an edge to -1. The CUDA backend's prep kernel takes the answer as
+ * q_per_row; tests/support/reference.c states the rule for the oracle. */
+static inline bool fc_kv_rotary_per_row(const fc_kvcache *kc) {
+    const fc_attn *a = &kc->attn;
+    return (a->window_left >= 0 && a->window_left < kc->kv_capacity) ||
+           (a->window_right >= 0 && a->window_right < kc->kv_capacity);
+}
+
+/* Rotary position of query row i of sequence b. */
 static inline int64_t fc_rotary_q_pos(const fc_kvcache *kc, int64_t b, int64_t i) {
-    bool per_row = kc->attn.window_left >= 0 || kc->attn.window_right >= 0;
-    return kc->cache_seqlens[b] + (per_row ? i : 0);
+    return kc->cache_seqlens[b] + (fc_kv_rotary_per_row(kc) ? i : 0);
 }
 
 /* ---- backends ---- */
@@ -296,7 +307,7 @@ size_t fc_cpu_kvcache_workspace(const fc_kvcache *kc);
 flashc_status fc_cpu_kvcache(const fc_kvcache *kc, void *ws, size_t ws_bytes);
 
 /* ---- the backend table (src/backend.c) ---- */
-/* One operation of one backend, on a problem api.c has validated:
+/* One operation of one backend, on a problem prepare.c has validated:
  *   supported  the backend's own checks (dtype, head dim, device, ...), nothing
  *              run; NULL when the backend runs every validated problem;
  *   workspace  the bytes `run` needs, asked only after `supported` said OK;

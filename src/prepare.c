@@ -361,19 +361,18 @@ static flashc_status fc_check_params(const flashc_params *p) {
                  (int)p->causal);
     FC_CHECK_ARG(p->windowed == 0 || p->windowed == 1, "params.windowed=%d but must be 0 or 1",
                  (int)p->windowed);
-    if (p->windowed) {
-        FC_CHECK_ARG(p->window_left >= -1,
-                     "params.window_left=%d but must be >= -1 (-1 = unbounded)", (int)p->window_left);
-        FC_CHECK_ARG(p->window_right >= -1,
-                     "params.window_right=%d but must be >= -1 (-1 = unbounded)",
-                     (int)p->window_right);
-    } else {
-        FC_CHECK_ARG(p->window_left <= 0 && p->window_left >= -1 && p->window_right <= 0 &&
-                         p->window_right >= -1,
-                     "params.window_left=%d, params.window_right=%d but params.windowed=0: set "
-                     "windowed = 1 for a sliding window",
-                     (int)p->window_left, (int)p->window_right);
-    }
+    FC_CHECK_ARG(p->window_left >= -1, "params.window_left=%d but must be >= -1 (-1 = unbounded)",
+                 (int)p->window_left);
+    FC_CHECK_ARG(p->window_right >= -1, "params.window_right=%d but must be >= -1 (-1 = unbounded)",
+                 (int)p->window_right);
+    /* without the flag, only the two "no window" spellings: (0, 0) of a zeroed
+     * struct and flash_attn's (-1, -1); anything else (even (-1, 0), causal's
+     * window) is a window the caller forgot to switch on */
+    FC_CHECK_ARG(p->windowed || (p->window_left == 0 && p->window_right == 0) ||
+                     (p->window_left == -1 && p->window_right == -1),
+                 "params.window_left=%d, params.window_right=%d but params.windowed=0: set "
+                 "windowed = 1 for a window",
+                 (int)p->window_left, (int)p->window_right);
     FC_CHECK_ARG(isfinite(p->softcap) && p->softcap >= 0.0f,
                  "params.softcap=%g but must be finite and >= 0 (0 = off)", (double)p->softcap);
     FC_CHECK_ARG(p->dropout_p >= 0.0f && p->dropout_p < 1.0f, "params.dropout_p=%g is outside [0, 1)",
@@ -640,8 +639,7 @@ static flashc_status fc_check_kvcache_values(const fc_ctx *c, const flashc_kvcac
     int64_t sq = x->q.shape[1];
     bool paged = x->block_table.data != NULL;
     const char *cap_src = paged ? "block_table.shape[1] * page_size" : "k_cache.shape[1]";
-    const fc_attn *a = &call->kc.attn;
-    bool per_row = a->window_left >= 0 || a->window_right >= 0; /* as fc_rotary_q_pos */
+    bool per_row = fc_kv_rotary_per_row(&call->kc);
     *max_seqlen_k = 0;
     for (int64_t b = 0; b < B; b++) {
         int64_t used, pad;
@@ -745,6 +743,7 @@ static flashc_status fc_prepare_cache(const flashc_kvcache_args *x, const flashc
     fc_attn *a = &kc->attn;
     fc_resolve_options(a, p, c.D);
     call->kv_capacity = paged ? x->block_table.shape[1] * x->k_cache.shape[1] : x->k_cache.shape[1];
+    kc->kv_capacity = call->kv_capacity; /* fc_kv_rotary_per_row reads it in the value checks */
     /* shapes only, so on every device: without cache_seqlens every row is in use */
     if (!x->cache_seqlens.data && x->k_new.data && c.B.n > 0)
         FC_CHECK_ARG(x->k_new.shape[1] == 0,

@@ -284,6 +284,9 @@ FC_TEST(api_params_windowed) {
     FC_EXPECT_STATUS(flashc_fwd(&t.f, &p, NULL, 0), FLASHC_ERR_INVALID_ARG);
     FC_EXPECT_TRUE(strstr(flashc_last_error(), "windowed") != NULL);
     p.window_left = -1;
+    p.window_right = 0; /* causal's window, forgotten flag: refused, not ignored */
+    FC_EXPECT_STATUS(flashc_fwd(&t.f, &p, NULL, 0), FLASHC_ERR_INVALID_ARG);
+    FC_EXPECT_TRUE(strstr(flashc_last_error(), "windowed") != NULL);
     p.window_right = -1;
     FC_EXPECT_STATUS(flashc_fwd(&t.f, &p, NULL, 0), FLASHC_OK); /* -1: unbounded either way */
     size_t n = 2 * 9 * 4 * 8 * 2;

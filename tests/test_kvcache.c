@@ -318,6 +318,12 @@ FC_TEST_REGISTER(kvcache_sweep) {
     c = kv_add(bf, 2, 3, 2, 2, 64, 40, 0); /* rotary without a mask: every q row at cache_seqlens */
     kv_lens(c, 2, (int[]){11, 25}, 2);
     kv_rope(c, 64, 1, 0);
+    /* a left edge at the cache's rows is no edge (flash_attn's rule): every q row
+       rotated at cache_seqlens, as without a window */
+    c = kv_add(bf, 2, 3, 2, 2, 64, 40, 0);
+    kv_lens(c, 2, (int[]){11, 25}, 2);
+    kv_rope(c, 64, 1, 0);
+    c->o.wl = 40;
     c = kv_add(bf, 1, 4, 2, 1, 64, 8, 0); /* empty cache, one new key, 3 rows see nothing */
     kv_lens(c, 2, (int[]){0}, 1);
     c->o.causal = 1;

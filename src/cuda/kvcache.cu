@@ -225,7 +225,7 @@ static fc_cuda_kvprep_params fc_kv_prep_params(const fc_kvcache *kc, const fc_cu
     p.rotary_dim = (int32_t)kc->rotary_dim;
     p.interleaved = kc->rotary_interleaved;
     p.rotary_fp32 = kc->rotary_dtype == FLASHC_DTYPE_FP32;
-    p.q_per_row = a->window_left >= 0 || a->window_right >= 0;  // src/internal.h fc_rotary_q_pos
+    p.q_per_row = fc_kv_rotary_per_row(kc);
     p.seqlens_k = seqlens;
     p.n_append = kc->seqlen_new > 0 ? a->batch * kc->seqlen_new * a->kv_heads : 0;
     p.n_q = pl->rotary ? a->batch * a->max_seqlen_q * a->heads : 0;

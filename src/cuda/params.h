@@ -1,6 +1,6 @@
 // params.h : the one argument struct of the CUDA forward kernels.
 //
-// plan.cu (fc_cuda_fwd_make_params) fills it from api.c's fc_attn
+// plan.cu (fc_cuda_fwd_make_params) fills it from prepare.c's fc_attn
 // (src/internal.h); each operation's file passes it by value as a
 // `const __grid_constant__` kernel argument (it lives in the constant bank;
 // no copy to device memory, no allocation). Everything that does not change the

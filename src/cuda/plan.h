@@ -15,7 +15,7 @@
 //
 // Nothing here synchronises, allocates, or reads device memory: every pointer
 // in fc_attn (tensors, cu_seqlens, seqused_k, block_table, ...) is a device
-// pointer on this path, and api.c must not have read their contents. With
+// pointer on this path, and prepare.c must not have read their contents. With
 // FLASHC_LOG=1 every launch writes one line (FC_LOG, src/util.c): the kernel,
 // its tile, grid, block, shared memory and, for decode, num_splits.
 #ifndef FLASHC_CUDA_PLAN_H

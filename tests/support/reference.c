@@ -17,7 +17,7 @@
  * (53 >= 2*24 + 2 bits), so LOWP is plain fp32 arithmetic without FMA.
  *
  * It reads the PUBLIC argument structs, honouring their strides, so that it is
- * independent of api.c's normalisation (fc_attn). It uses from the library only
+ * independent of prepare.c's normalisation (fc_attn). It uses from the library only
  * the dtype conversions and the Philox generator, which every backend shares.
  * It checks nothing (inputs are valid by contract) and never writes the caller's
  * tensors, the kvcache append included.
@@ -639,7 +639,6 @@ flashc_status fc_ref_kvcache(const flashc_kvcache_args *a, const flashc_params *
     pr.rows_q = pr.B * pr.Sq;
     pr.q = &a->q;
     pr.kv = a;
-    pr.rotary_per_row = pr.c.wl >= 0 || pr.c.wr >= 0;
     pr.rotary_interleaved = p->rotary_halves == 0;
     if (a->block_table.data) {
         pr.krows.layout = FC_REF_PAGED;
@@ -652,5 +651,9 @@ flashc_status fc_ref_kvcache(const flashc_kvcache_args *a, const flashc_params *
         pr.krows.batch_idx = (const int32_t *)a->cache_batch_idx.data;
         pr.cache_rows = a->k_cache.shape[1];
     }
+    /* flash_attn's rule: q rows per row when an edge below the cache's rows can
+     * clip a key (mha_fwd_kvcache turns an edge at or past them into -1) */
+    pr.rotary_per_row = (pr.c.wl >= 0 && pr.c.wl < pr.cache_rows) ||
+                        (pr.c.wr >= 0 && pr.c.wr < pr.cache_rows);
     return fc_ref_run_fwd(&pr, out, lse, NULL, k_new_rot);
 }

@@ -3,8 +3,8 @@
  * check.h), not part of libflashc; it reads the library's internals
  * (src/internal.h), so it links flashc_static.
  *
- * It reads the PUBLIC argument structs (not api.c's normalised fc_attn), so a
- * mistake in api.c's shape and stride handling cannot hide by agreeing with
+ * It reads the PUBLIC argument structs (not prepare.c's normalised fc_attn), so a
+ * mistake in prepare.c's shape and stride handling cannot hide by agreeing with
  * itself. It materialises the whole Sq x Sk score matrix per (batch, head):
  * slow and simple on purpose. Inputs must already be valid (run the flashc
  * entry point, or its *_workspace_size query, first to validate); the

@@ -4,7 +4,7 @@
 // its tensor. The host never reads these arrays (that would need a
 // synchronisation), so every kernel reads them through the helpers here;
 // flashc.h ("Metadata on the GPU") states the rule for users, and the CPU
-// backend rejects the same values instead (api.c).
+// backend rejects the same values instead (prepare.c).
 //
 // The clamped values define the result: a sequence is what its clamped bounds
 // say, and a valid input is never changed by them.
