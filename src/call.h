@@ -19,7 +19,6 @@ typedef struct fc_call {
     fc_attn attn;                     /* FC_OP_FWD, FC_OP_BWD */
     fc_kvcache kc;                    /* FC_OP_KVCACHE: kc.attn is the problem */
     const flashc_kvcache_args *kv;    /* FC_OP_KVCACHE: read again by fc_call_kv_lengths */
-    int64_t kv_capacity;              /* rows per cache: S_c, or max_blocks * page_size */
 } fc_call;
 
 /* Check every argument of one entry point and build *call. args NULL is an

@@ -635,7 +635,7 @@ static void fc_kv_lengths(const flashc_kvcache_args *x, int64_t capacity, int64_
  * rotary table's length (host tensors). Sets the longest key length. */
 static flashc_status fc_check_kvcache_values(const fc_ctx *c, const flashc_kvcache_args *x,
                                              const fc_call *call, int64_t *max_seqlen_k) {
-    int64_t B = c->B.n, cap = call->kv_capacity, s_new = x->k_new.data ? x->k_new.shape[1] : 0;
+    int64_t B = c->B.n, cap = call->kc.kv_capacity, s_new = x->k_new.data ? x->k_new.shape[1] : 0;
     int64_t sq = x->q.shape[1];
     bool paged = x->block_table.data != NULL;
     const char *cap_src = paged ? "block_table.shape[1] * page_size" : "k_cache.shape[1]";
@@ -742,17 +742,17 @@ static flashc_status fc_prepare_cache(const flashc_kvcache_args *x, const flashc
     fc_kvcache *kc = &call->kc;
     fc_attn *a = &kc->attn;
     fc_resolve_options(a, p, c.D);
-    call->kv_capacity = paged ? x->block_table.shape[1] * x->k_cache.shape[1] : x->k_cache.shape[1];
-    kc->kv_capacity = call->kv_capacity; /* fc_kv_rotary_per_row reads it in the value checks */
+    /* set first: the value checks (fc_kv_rotary_per_row) read it */
+    kc->kv_capacity = paged ? x->block_table.shape[1] * x->k_cache.shape[1] : x->k_cache.shape[1];
     /* shapes only, so on every device: without cache_seqlens every row is in use */
     if (!x->cache_seqlens.data && x->k_new.data && c.B.n > 0)
         FC_CHECK_ARG(x->k_new.shape[1] == 0,
                      "k_new.shape[1]=%lld but cache_seqlens is absent, so the cache of %lld rows "
                      "(%s) is full",
-                     (long long)x->k_new.shape[1], (long long)call->kv_capacity,
+                     (long long)x->k_new.shape[1], (long long)kc->kv_capacity,
                      paged ? "block_table.shape[1] * page_size" : "k_cache.shape[1]");
     /* device values are not read: the capacity bounds every key length */
-    a->max_seqlen_k = call->kv_capacity;
+    a->max_seqlen_k = kc->kv_capacity;
     if (c.device == FLASHC_DEVICE_CPU) FC_TRY(fc_check_kvcache_values(&c, x, call, &a->max_seqlen_k));
     FC_TRY(fc_select_backend(&c, p->backend, &call->impl));
 
@@ -784,7 +784,6 @@ static flashc_status fc_prepare_cache(const flashc_kvcache_args *x, const flashc
     kc->seqlen_new = x->k_new.data ? x->k_new.shape[1] : 0;
     kc->cache_seqlens_in = (const int32_t *)x->cache_seqlens.data;
     kc->cache_seqlens_in_stride = x->cache_seqlens.ndim == 0 ? 0 : x->cache_seqlens.stride[0];
-    kc->kv_capacity = call->kv_capacity;
     if (x->rotary_cos.data) {
         kc->rotary_cos = x->rotary_cos.data;
         kc->rotary_sin = x->rotary_sin.data;
@@ -806,7 +805,7 @@ void fc_call_kv_lengths(fc_call *call, int32_t *region) {
     int32_t *used_b = region, *total_b = region + B;
     for (int64_t b = 0; b < B; b++) {
         int64_t used, pad;
-        fc_kv_lengths(call->kv, call->kv_capacity, b, &used, &pad);
+        fc_kv_lengths(call->kv, kc->kv_capacity, b, &used, &pad);
         used_b[b] = (int32_t)used;
         total_b[b] = (int32_t)(used - pad + kc->seqlen_new);
     }
