@@ -18,7 +18,8 @@ causal. GB/s counts q, k, v read and out written once.
 flashc is called through ctypes on libflashc.so (--lib) with the tensors' device
 pointers, using the Python package's binding module (python/flashc/_lib.py).
 CSV columns are those of `flashc bench --csv`; backends: flashc (the kernel family
-src/cuda/plan.cu:fc_cuda_family picks: sm90 on an H100/H200), flashc-sm80 (FLASHC_CUDA_FAMILY=sm80: the
+src/cuda/fwd.cu picks: sm90ws on an H100/H200), flashc-sm90 (FLASHC_CUDA_FAMILY=sm90:
+the cp.async wgmma kernels), flashc-sm80 (FLASHC_CUDA_FAMILY=sm80: the
 FA2-algorithm kernels), sdpa-flash, sdpa-cudnn (--backends times a subset, e.g.
 flashc alone for a tuning variant with --lib; max_err is always against an
 untimed sdpa-flash call).
@@ -164,12 +165,20 @@ CSV_HEADER = "backend,mode,dtype,batch,seqlen_q,seqlen_k,heads,kv_heads,headdim,
 
 def sweep(args):
     """The fwd / bwd shapes: (dtype name, dtype, head dim, seqlen, causal, heads, batch)
-    over --dtypes x --headdims x --seqlens x --causal, hidden 2048 and 16k tokens."""
+    over --dtypes x --headdims x --seqlens x --causal: hidden 2048 and 16k tokens, or
+    --heads H/Hk and --batch (default 16k tokens)."""
     for dn in args.dtypes.split(","):
         for d in map(int, args.headdims.split(",")):
             for s in map(int, args.seqlens.split(",")):
                 for causal in map(int, args.causal.split(",")):
-                    yield dn, DTYPES[dn], d, s, causal, 2048 // d, max(1, 16384 // s)
+                    h = int(args.heads.split("/")[0]) if args.heads else 2048 // d
+                    b = args.batch or max(1, 16384 // s)
+                    yield dn, DTYPES[dn], d, s, causal, h, b
+
+
+def kv_heads(args, h):
+    """The K/V heads of a shape with h query heads: --heads H/Hk, else h (MHA)."""
+    return int(args.heads.split("/")[1]) if args.heads and "/" in args.heads else h
 
 
 def write_csv(path, rows):
@@ -187,6 +196,9 @@ def main():
     ap.add_argument("--headdims", default="64,128,256")
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--causal", default="0,1")
+    ap.add_argument("--heads", default="", help="fwd: H/Hk query and K/V heads (GQA), e.g. 64/8; "
+                    "default hidden 2048, MHA")
+    ap.add_argument("--batch", type=int, default=0, help="fwd: batch (default 16k tokens)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--backends", default="",
                     help="subset to time (flashc alone: a quick look at a tuning variant); default "
@@ -202,7 +214,7 @@ def main():
     fc = Flashc(args.lib)
     if not args.backends:
         args.backends = ("sdpa-flash,sdpa-cudnn,flashc-det,flashc" if "bwd" in args.mode
-                         else "sdpa-flash,sdpa-cudnn,flashc-sm80,flashc")
+                         else "sdpa-flash,sdpa-cudnn,flashc-sm80,flashc-sm90,flashc")
     if args.mode == "decode":
         return bench_decode(args, fc)
     if args.mode != "fwd":
@@ -210,11 +222,14 @@ def main():
     rows, table = [], []
     torch.manual_seed(0)
     for dn, dt, d, s, causal, h, b in sweep(args):
-        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for _ in range(3))
+        hk = kv_heads(args, h)
+        q = torch.randn(b, s, h, d, device="cuda", dtype=dt)
+        k, v = (torch.randn(b, s, hk, d, device="cuda", dtype=dt) for _ in range(2))
         out = torch.empty_like(q)
         lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-        nbytes = 4 * q.numel() * q.element_size()
+        gqa = {"enable_gqa": True} if h != hk else {}
+        nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
         fl = flops(b, h, s, s, d, causal)
 
         def flashc(family):
@@ -225,16 +240,17 @@ def main():
         def sdpa(backend):
             def run():
                 with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal), **gqa)
             return run
 
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # the reference of max_err
-            ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+            ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal), **gqa)
         ref = ref.transpose(1, 2).float()
         results = []
         backends = (("sdpa-flash", sdpa(SDPBackend.FLASH_ATTENTION)),
                     ("sdpa-cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)),
                     ("flashc-sm80", flashc("sm80")),
+                    ("flashc-sm90", flashc("sm90")),
                     ("flashc", flashc("auto")))
         for name, fn in (b for b in backends if b[0] in args.backends.split(",")):
             try:
@@ -253,15 +269,16 @@ def main():
             tf = fl / (ms * 1e-3) / 1e12
             gb = nbytes / (ms * 1e-3) / 1e9
             rows.append("%s,%s,%s,%d,%d,%d,%d,%d,%d,%d,%.4f,%.1f,%.1f,%s" %
-                        (name, args.mode, dn, b, s, s, h, h, d, causal, ms, tf, gb, err))
+                        (name, args.mode, dn, b, s, s, h, hk, d, causal, ms, tf, gb, err))
         base = {n: float("nan") for n, _ in backends}
         base.update({n: m for n, m, _ in results})
-        line = ("%s d%-3d s%-5d %-6s flashc %6.1f  flashc-sm80 %6.1f  sdpa-flash %6.1f  "
-                "sdpa-cudnn %6.1f TFLOP/s  (flashc/FA2 %.2fx) err %s" %
-                (dn, d, s, "causal" if causal else "", fl / base["flashc"] / 1e9,
-                 fl / base["flashc-sm80"] / 1e9, fl / base["sdpa-flash"] / 1e9,
+        line = ("%s d%-3d s%-5d b%-2d h%d/%-3d %-6s flashc %6.1f  flashc-sm80 %6.1f  flashc-sm90 %6.1f  "
+                "sdpa-flash %6.1f  sdpa-cudnn %6.1f TFLOP/s  (flashc/FA2 %.2fx, /cuDNN %.2fx) err %s" %
+                (dn, d, s, b, h, hk, "causal" if causal else "", fl / base["flashc"] / 1e9,
+                 fl / base["flashc-sm80"] / 1e9, fl / base["flashc-sm90"] / 1e9,
+                 fl / base["sdpa-flash"] / 1e9,
                  fl / base["sdpa-cudnn"] / 1e9, base["sdpa-flash"] / base["flashc"],
-                 results[-1][2]))
+                 base["sdpa-cudnn"] / base["flashc"], results[-1][2]))
         print(line, flush=True)
         table.append(line)
         del q, k, v, out, lse, qt, kt, vt, ref

@@ -12,7 +12,7 @@
 # Full logs go to $OUT (or bench/results when OUT is unset); the short table is
 # printed last. Steps can be chosen: bench/gpu.sh build test sanitize cli bench
 # decode bwd (default: all). FAMILIES picks the kernel families tested (default
-# "auto sm80"),
+# "auto sm90 sm80"),
 # SANITIZE_FILTER and SANITIZE_TOOLS the sanitizer's cases (default "d64") and
 # tools. BWD_ARGS passes flags to the backward runs, BWD_MODES picks them
 # (default "bwd fwdbwd"). BENCH_ARGS passes flags to compare.py (DECODE_ARGS
@@ -36,9 +36,10 @@ if has build; then
   ./build/flashc info | tee "$out/info.txt"
 fi
 
-# Kernel families: "auto" is what src/cuda/plan.cu:fc_cuda_family picks (sm90 on an H100/H200 for
-# D > 32), "sm80" forces the FA2 kernels (FLASHC_CUDA_FAMILY).
-families=${FAMILIES:-auto sm80}
+# Kernel families: "auto" is what src/cuda/plan.cu:fc_cuda_family and src/cuda/fwd.cu pick (on
+# an H100/H200 for D > 32: the sm90ws forward, the sm90 backward), "sm90" keeps the cp.async
+# sm90 forward, "sm80" forces the FA2 kernels (FLASHC_CUDA_FAMILY).
+families=${FAMILIES:-auto sm90 sm80}
 
 if has test; then
   echo "== GPU tests =="
@@ -53,7 +54,7 @@ fi
 if has sanitize; then
   echo "== compute-sanitizer (reduced set) =="
   for fam in $families; do
-    for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
       FLASHC_CUDA_FAMILY=$fam compute-sanitizer --tool "$tool" --error-exitcode 3 \
         ./build/flashc_gpu_tests "${SANITIZE_FILTER:-d64}" > "$out/sanitize_${tool}_$fam.log" 2>&1
       echo "$fam $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_${tool}_$fam.log" | tail -1)"

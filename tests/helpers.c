@@ -1,5 +1,7 @@
 /* helpers.c : tensors, outputs, workspaces and case options of the numeric tests
  * (see helpers.h). */
+#define _POSIX_C_SOURCE 200809L
+
 #include "helpers.h"
 
 #include "../src/internal.h"
@@ -8,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 // ---- buffers and views ----
 
@@ -392,4 +395,37 @@ void th_edge_name(char *buf, size_t n, const char *prefix, const th_edge *c) {
              c->family ? "_" : "", c->one_key ? "one_key" : c->nan_q ? "nan_q" : "scale_zero",
              flashc_dtype_name(c->dt), c->D, c->Sq, c->Sk, c->dropout > 0.0f ? "/dropout" : "",
              c->alibi ? "/alibi" : "");
+}
+
+// ---- the launch log ----
+
+char *th_capture_log(const char *val, void (*fn)(void *), void *ctx) {
+    const char *old_env = getenv("FLASHC_LOG");
+    char *old = old_env ? strdup(old_env) : NULL;
+    if (val) setenv("FLASHC_LOG", val, 1);
+    else unsetenv("FLASHC_LOG");
+    fc_log_reload();
+
+    FILE *tmp = tmpfile();
+    int saved = dup(2);
+    char *text = NULL;
+    if (tmp && saved >= 0) {
+        fflush(stderr);
+        dup2(fileno(tmp), 2);
+        fn(ctx);
+        fflush(stderr);
+        dup2(saved, 2);
+        long n = ftell(tmp);
+        text = (char *)calloc((size_t)(n > 0 ? n : 0) + 1, 1);
+        rewind(tmp);
+        if (text && n > 0 && fread(text, 1, (size_t)n, tmp) != (size_t)n) text[0] = '\0';
+    }
+    if (saved >= 0) close(saved);
+    if (tmp) fclose(tmp);
+
+    if (old) setenv("FLASHC_LOG", old, 1);
+    else unsetenv("FLASHC_LOG");
+    free(old);
+    fc_log_reload();
+    return text;
 }

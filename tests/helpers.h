@@ -1,8 +1,8 @@
 /* helpers.h : what the numeric tests share (test_fwd.c, test_varlen.c, test_bwd.c,
  * test_kvcache.c, test_dropout.c): strided tensors in buffers of their own, poisoned
  * outputs with a check that nothing outside them was written, workspaces with a
- * canary, the option set of a case and its name, and the SIMD path / thread count
- * a case runs under.
+ * canary, the option set of a case and its name, the SIMD path / thread count
+ * a case runs under, and the launch log of a call (test_log.c, tests/gpu).
  *
  * Every check records failures through fc_test.h; nothing here aborts a run.
  */
@@ -180,5 +180,12 @@ void th_env_name(char *buf, size_t n, int simd, int threads);
 
 /* Random permutation of 0 .. n-1 in p (from the case's random numbers). */
 void th_shuffle(int32_t *p, int64_t n);
+
+// ---- the launch log ----
+
+/* Run fn(ctx) with FLASHC_LOG set to val (NULL: unset) and stderr pointed at a
+ * temporary file; return what it wrote (malloc'd, NUL-terminated), or NULL when
+ * the capture failed. The variable and the library's cached answer are restored. */
+char *th_capture_log(const char *val, void (*fn)(void *), void *ctx);
 
 #endif /* FLASHC_TEST_HELPERS_H */

@@ -2,19 +2,18 @@
  * FLASHC_LOG=1 each CPU call writes its dispatch line (entry point, backend) and
  * its backend's launch line to stderr, every line prefixed "flashc: "; with the
  * variable unset or "0" a call writes nothing. stderr is captured by pointing
- * file descriptor 2 at a temporary file for the duration of one call.
+ * file descriptor 2 at a temporary file for the duration of one call
+ * (helpers.h th_capture_log).
  *
- * Not here: the CUDA launch lines (tests/gpu, where a GPU is).
+ * Not here: the CUDA launch lines (tests/gpu/test_gpu_fwd.c: which family ran).
  */
-#define _POSIX_C_SOURCE 200809L
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "../src/internal.h"
 #include "fc_test.h"
+#include "helpers.h"
 
 // ---- a small problem: B=1, S=16, H=2, Hk=1, D=8, bf16, CPU ----
 enum { TL_S = 16, TL_NQ = TL_S * 2 * 8, TL_NK = TL_S * 8, TL_NL = 2 * TL_S };
@@ -63,41 +62,27 @@ static void tl_make(tl_prob *t) {
 // ---- stderr capture ----
 typedef enum { TL_FWD, TL_BWD, TL_KVCACHE } tl_entry;
 
+typedef struct {
+    tl_prob *t;
+    tl_entry e;
+    flashc_status st;
+} tl_call;
+
+static void tl_call_run(void *ctx) {
+    tl_call *c = (tl_call *)ctx;
+    flashc_params p = flashc_params_default();
+    p.causal = 1;
+    c->st = c->e == TL_FWD ? flashc_fwd(&c->t->f, &p, NULL, 0)
+            : c->e == TL_BWD ? flashc_bwd(&c->t->b, &p, NULL, 0)
+                             : flashc_fwd_kvcache(&c->t->kv, &p, NULL, 0);
+}
+
 /* Run entry e of t with FLASHC_LOG set to val (NULL: unset); return what it
- * wrote to stderr (malloc'd, NUL-terminated), or NULL when the capture failed.
- * *st gets the call's status. The variable and the cached answer are restored. */
+ * wrote to stderr (helpers.h th_capture_log). *st gets the call's status. */
 static char *tl_capture(tl_prob *t, tl_entry e, const char *val, flashc_status *st) {
-    const char *old_env = getenv("FLASHC_LOG");
-    char *old = old_env ? strdup(old_env) : NULL;
-    if (val) setenv("FLASHC_LOG", val, 1);
-    else unsetenv("FLASHC_LOG");
-    fc_log_reload();
-
-    FILE *tmp = tmpfile();
-    int saved = dup(2);
-    char *text = NULL;
-    if (tmp && saved >= 0) {
-        fflush(stderr);
-        dup2(fileno(tmp), 2);
-        flashc_params p = flashc_params_default();
-        p.causal = 1;
-        *st = e == TL_FWD ? flashc_fwd(&t->f, &p, NULL, 0)
-              : e == TL_BWD ? flashc_bwd(&t->b, &p, NULL, 0)
-                            : flashc_fwd_kvcache(&t->kv, &p, NULL, 0);
-        fflush(stderr);
-        dup2(saved, 2);
-        long n = ftell(tmp);
-        text = (char *)calloc((size_t)(n > 0 ? n : 0) + 1, 1);
-        rewind(tmp);
-        if (text && n > 0 && fread(text, 1, (size_t)n, tmp) != (size_t)n) text[0] = '\0';
-    }
-    if (saved >= 0) close(saved);
-    if (tmp) fclose(tmp);
-
-    if (old) setenv("FLASHC_LOG", old, 1);
-    else unsetenv("FLASHC_LOG");
-    free(old);
-    fc_log_reload();
+    tl_call c = {t, e, FLASHC_ERR_INVALID_ARG};
+    char *text = th_capture_log(val, tl_call_run, &c);
+    *st = c.st;
     return text;
 }
 

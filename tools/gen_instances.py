@@ -2,9 +2,10 @@
 """gen_instances.py : write the CUDA kernel instances and their dispatch lists.
 
 The head dims come from the one tuning table, src/cuda/traits.h: its
-FC_SM80_FWD_TILES rows for the sm80 family and FC_SM90_FWD_TILES rows for the
-sm90 family, so adding a row there and re-running this script is all a new head
-dim needs. For each family F, head dim D and dtype it writes
+FC_SM80_FWD_TILES rows for the sm80 family, FC_SM90_FWD_TILES for sm90 and
+FC_SM90WS_FWD_TILES for sm90ws, so adding a row there and re-running this
+script is all a new head dim needs. For each family F, head dim D and dtype it
+writes
 
     src/cuda/F/inst/fwd_d{D}_{bf16,fp16}.cu   the explicit instantiations of
                                              F_fwd_launch<D, T, causal>
@@ -41,11 +42,15 @@ import generated
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TRAITS = ROOT / "src" / "cuda" / "traits.h"
-FAMILIES = ["sm80", "sm90"]
+FAMILIES = ["sm80", "sm90"]  # the families with a forward and a backward
+FWD_FAMILIES = FAMILIES + ["sm90ws"]
 INST = ROOT / "src" / "cuda" / "sm80" / "inst"
 DTYPES = [("bf16", "__nv_bfloat16"), ("fp16", "__half")]
 HEADER = "// generated; do not edit. Written by tools/gen_instances.py from src/cuda/traits.h.\n"
 LAUNCH_ARGS = "const fc_cuda_fwd_params &, dim3, cudaStream_t"
+# The forward's kernel arguments per family: (header, struct); sm90ws adds TMA descriptors.
+FWD_PARAMS = {"sm80": ("params.h", "fc_cuda_fwd_params"), "sm90": ("params.h", "fc_cuda_fwd_params"),
+              "sm90ws": ("ws_params.h", "fc_cuda_fwd_ws_params")}
 
 
 def table_dims(path, table):
@@ -151,11 +156,13 @@ def instances(files, stale, inst, prefix, dims, file_text, header, header_text):
 
 def generate():
     files, stale = {}, []
-    for fam in FAMILIES:
+    for fam in FWD_FAMILIES:
         dims = table_dims(TRAITS, f"FC_{fam.upper()}_FWD_TILES")
+        params = FWD_PARAMS[fam]
+        args = f"const {params[1]} &, dim3, cudaStream_t"
         instances(files, stale, ROOT / "src" / "cuda" / fam / "inst", "fwd", dims,
-                  lambda d, ty, fam=fam: instance_file(fam, d, ty), "instances.h",
-                  instances_h(fam, dims))
+                  lambda d, ty, fam=fam, args=args: instance_file(fam, d, ty, args=args),
+                  "instances.h", instances_h(fam, dims, args=args, params=params))
     for fam in FAMILIES:
         dims = table_dims(TRAITS, f"FC_{fam.upper()}_BWD_TILES")
         instances(files, stale, ROOT / "src" / "cuda" / fam / "inst", "bwd", dims,

@@ -6,35 +6,46 @@
 //                   the kernel family for the device (plan.h), head dim rounded up
 //                   to a compiled instance of it (zero-padded), one switch over
 //                   the family's generated list of head dims
-//                   (sm80/inst/instances.h, sm90/inst/instances.h), grid from the
-//                   tuning table (traits.h), launch on a->stream, cudaGetLastError.
+//                   (sm80/inst/instances.h, sm90/inst/instances.h,
+//                   sm90ws/inst/instances.h), grid from the tuning table
+//                   (traits.h), launch on a->stream, cudaGetLastError.
 //   fc_cuda_fwd_supported(a)  the same checks, nothing launched.
 //   fc_cuda_fwd_workspace(a)  bytes for the repacked operands (plan.h):
 //                   q, k, v, out that are not 16-byte aligned, have a stride
 //                   that is not a multiple of 8 elements, or (all four) when D
 //                   is not a multiple of 8; 0 when every operand is read in place.
 //
-// Families: sm90 (wgmma, sm90/fwd_kernel.cuh), sm80 (mma.sync,
-// sm80/fwd_kernel.cuh); fc_cuda_family chooses.
+// Families: sm90ws (TMA loads by a producer warpgroup, wgmma consumers,
+// sm90ws/fwd_kernel.cuh), sm90 (wgmma, cp.async, sm90/fwd_kernel.cuh), sm80
+// (mma.sync, sm80/fwd_kernel.cuh). fc_cuda_family chooses sm90 or sm80;
+// fc_fwd_ws_refusal then says whether sm90ws can take the sm90 call.
+// FLASHC_CUDA_FAMILY=sm90 keeps sm90, =sm80 forces sm80.
 //
 // Not here yet: attn_probs (FLASHC_ERR_UNSUPPORTED), fp32 inputs.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "plan.h"
 #include "sm80/inst/instances.h"
 #include "sm90/inst/instances.h"
+#include "sm90ws/inst/instances.h"
 #include "traits.h"
 
 // ---- the instances ----
 static const int kFcSm80FwdDims[] = {FC_SM80_FWD_HEADDIMS(FC_DIM_ENTRY_) 0};
 static const int kFcSm90FwdDims[] = {FC_SM90_FWD_HEADDIMS(FC_DIM_ENTRY_) 0};
+static const int kFcSm90wsFwdDims[] = {FC_SM90WS_FWD_HEADDIMS(FC_DIM_ENTRY_) 0};
 
 // Smallest compiled head dim >= d of the family, or 0.
 static int fc_fwd_dim(int family, int64_t d) {
-    return fc_dim_at_least(family == FC_FAMILY_SM90 ? kFcSm90FwdDims : kFcSm80FwdDims, d);
+    return fc_dim_at_least(family == FC_FAMILY_SM90WS ? kFcSm90wsFwdDims
+                           : family == FC_FAMILY_SM90 ? kFcSm90FwdDims
+                                                      : kFcSm80FwdDims,
+                           d);
 }
 
 // Shared memory of the family's instance for head dim `dim` (0 if none).
@@ -43,10 +54,14 @@ static int fc_fwd_smem(int family, int dim) {
     if (family == FC_FAMILY_SM80 && dim == D) return fc_sm80_fwd_traits<D>::kSmemBytes;
 #define FC_SMEM90_(D) \
     if (family == FC_FAMILY_SM90 && dim == D) return fc_sm90_fwd_traits<D>::kSmemBytes;
+#define FC_SMEM90WS_(D) \
+    if (family == FC_FAMILY_SM90WS && dim == D) return fc_sm90ws_fwd_traits<D>::kSmemBytes;
     FC_SM80_FWD_HEADDIMS(FC_SMEM80_)
     FC_SM90_FWD_HEADDIMS(FC_SMEM90_)
+    FC_SM90WS_FWD_HEADDIMS(FC_SMEM90WS_)
 #undef FC_SMEM80_
 #undef FC_SMEM90_
+#undef FC_SMEM90WS_
     return 0;
 }
 
@@ -80,14 +95,51 @@ static cudaError_t fc_sm90_fwd_run(const fc_cuda_fwd_params &p, bool causal,
                   : sm90_fwd_launch<D, T, false>(p, grid, stream);
 }
 
+// The TMA boxes' rows of the sm90ws instance for head dim `dim`: the query
+// tile Br, the key tile Bc (0, 0 if none).
+static void fc_sm90ws_tiles(int dim, int *br, int *bc) {
+    *br = *bc = 0;
+#define FC_TILES90WS_(D) \
+    if (dim == D) *br = fc_sm90ws_fwd_traits<D>::kBr, *bc = fc_sm90ws_fwd_traits<D>::kBc;
+    FC_SM90WS_FWD_HEADDIMS(FC_TILES90WS_)
+#undef FC_TILES90WS_
+}
+
+template <int D, typename T>
+static cudaError_t fc_sm90ws_fwd_run(const fc_cuda_fwd_ws_params &wp, bool causal,
+                                     cudaStream_t stream) {
+    using Tr = fc_sm90ws_fwd_traits<D>;
+    const fc_cuda_fwd_params &p = wp.f;
+    const dim3 grid = fc_fwd_grid(p, Tr::kBr);
+    FC_LOG("sm90ws_fwd_kernel<D=%d, %s, causal=%d>: Br=%d Bc=%d consumers=%d stages=%d "
+           "ping-pong=%d grid=(%u,%u,%u) block=%d smem=%d", D, fc_cuda_dtype_name<T>(),
+           (int)causal, Tr::kBr, Tr::kBc, Tr::kConsumers, Tr::kStages, (int)Tr::kPingPong, grid.x,
+           grid.y, grid.z, Tr::kThreads, Tr::kSmemBytes);
+    return causal ? sm90ws_fwd_launch<D, T, true>(wp, grid, stream)
+                  : sm90ws_fwd_launch<D, T, false>(wp, grid, stream);
+}
+
 // ---- the forward ----
 // What fc_cuda_fwd will run: the instance and whether there is work at all.
 typedef struct {
-    int family;  // FC_FAMILY_SM80 or FC_FAMILY_SM90
+    int family;  // FC_FAMILY_SM80, FC_FAMILY_SM90 or FC_FAMILY_SM90WS
     int dim;     // compiled head dim of the family (>= head_dim, zero-padded)
     bool causal; // the kCausal instance (right window edge on the diagonal)
     bool empty;  // nothing to compute (no batch, head or query row)
 } fc_cuda_fwd_plan;
+
+// Why the sm90ws family cannot take a call the sm90 family can, or NULL.
+static const char *fc_fwd_ws_refusal(const fc_attn *a, int64_t d8) {
+    const char *force = getenv("FLASHC_CUDA_FAMILY");
+    if (force && strcmp(force, "sm90") == 0) return "FLASHC_CUDA_FAMILY=sm90";
+    if (fc_fwd_dim(FC_FAMILY_SM90WS, d8) == 0) return "no instance for this head dim";
+    // K, V rows a TMA box cannot reach as one run of rows (a TMA producer of pages: issue 18)
+    if (a->block_table) return "paged K/V";
+    if (a->k_batch_idx) return "cache_batch_idx";
+    if (a->k_leftpad) return "cache_leftpad";
+    if (!fc_cuda_tma_available()) return "the driver has no cuTensorMapEncodeTiled";
+    return NULL;
+}
 
 // Every check of the CUDA forward, nothing launched: the dtype, options and
 // layouts the kernels take, and the current device.
@@ -109,6 +161,11 @@ static flashc_status fc_cuda_fwd_check(const fc_attn *a, fc_cuda_fwd_plan *plan)
     fc_cuda_device dv;
     FC_TRY(fc_cuda_device_get(&dv));
     plan->family = fc_cuda_family(dv, d8, fc_fwd_dim(FC_FAMILY_SM90, d8) != 0);
+    if (plan->family == FC_FAMILY_SM90) {
+        const char *why = fc_fwd_ws_refusal(a, d8);
+        if (why) FC_LOG("sm90ws family not used (%s): the sm90 family runs", why);
+        else plan->family = FC_FAMILY_SM90WS;
+    }
     plan->dim = fc_fwd_dim(plan->family, d8);
     const int smem = fc_fwd_smem(plan->family, plan->dim);
     if (smem > dv.smem_optin)
@@ -154,7 +211,28 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
         break;
 #define FC_CASE80_(D) FC_CASE_(sm80, D)
 #define FC_CASE90_(D) FC_CASE_(sm90, D)
-    if (plan.family == FC_FAMILY_SM90) {
+#define FC_CASE90WS_(D)                                                         \
+    case D:                                                                     \
+        e = bf16 ? fc_sm90ws_fwd_run<D, __nv_bfloat16>(wp, plan.causal, stream) \
+                 : fc_sm90ws_fwd_run<D, __half>(wp, plan.causal, stream);       \
+        break;
+    if (plan.family == FC_FAMILY_SM90WS) {
+        // the TMA descriptors of q, k, v: boxes of 64 columns by Br or Bc rows
+        fc_cuda_fwd_ws_params wp;
+        wp.f = p;
+        int br, bc;
+        fc_sm90ws_tiles(plan.dim, &br, &bc);
+        if (!fc_cuda_tma_map(&wp.tma_q, packed.q, pk.dims[FC_PACK_Q], pk.dp, br) ||
+            !fc_cuda_tma_map(&wp.tma_k, packed.k, pk.dims[FC_PACK_K], pk.dp, bc) ||
+            !fc_cuda_tma_map(&wp.tma_v, packed.v, pk.dims[FC_PACK_V], pk.dp, bc))
+            return fc_set_error(FLASHC_ERR_CUDA,
+                                "the CUDA driver refused a TMA descriptor of q, k or v (the "
+                                "sm90ws family; FLASHC_CUDA_FAMILY=sm90 runs without TMA)");
+        switch (plan.dim) {
+            FC_SM90WS_FWD_HEADDIMS(FC_CASE90WS_)
+        default: break;
+        }
+    } else if (plan.family == FC_FAMILY_SM90) {
         switch (plan.dim) {
             FC_SM90_FWD_HEADDIMS(FC_CASE90_)
         default: break;
@@ -167,10 +245,11 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
     }
 #undef FC_CASE80_
 #undef FC_CASE90_
+#undef FC_CASE90WS_
 #undef FC_CASE_
     if (e != cudaSuccess)
-        return fc_set_error(FLASHC_ERR_CUDA, "sm%d_fwd_kernel<D=%d, %s, causal=%d> launch: %s",
-                            plan.family, plan.dim, bf16 ? "bf16" : "fp16", (int)plan.causal,
+        return fc_set_error(FLASHC_ERR_CUDA, "%s_fwd_kernel<D=%d, %s, causal=%d> launch: %s",
+                            fc_cuda_family_name(plan.family), plan.dim, bf16 ? "bf16" : "fp16", (int)plan.causal,
                             cudaGetErrorString(e));
     FC_CUDA_TRY(fc_cuda_pack_finish(a, pk, ws, {FC_PACK_OUT}, stream));
     return FLASHC_OK;

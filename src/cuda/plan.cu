@@ -1,6 +1,8 @@
 // plan.cu : the shared host side of the CUDA backend (plan.h says what each
 // function does): the checks every operation runs, the kernel family, the
 // repack of operands, the forward's kernel arguments.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -73,6 +75,10 @@ int fc_cuda_family(const fc_cuda_device &dv, int64_t d8, bool has_sm90) {
     const bool sm90 = dv.major == 9 && dv.minor == 0 && d8 > 32 && has_sm90 &&
                       !(force && strcmp(force, "sm80") == 0);
     return sm90 ? FC_FAMILY_SM90 : FC_FAMILY_SM80;
+}
+
+const char *fc_cuda_family_name(int family) {
+    return family == FC_FAMILY_SM90WS ? "sm90ws" : family == FC_FAMILY_SM90 ? "sm90" : "sm80";
 }
 
 // ---- operands the kernels read in place, and the repacked rest ----
@@ -159,6 +165,45 @@ cudaError_t fc_cuda_pack_finish(const fc_attn *a, const fc_cuda_pack_plan &pk, v
         if (err != cudaSuccess) return err;
     }
     return cudaSuccess;
+}
+
+// ---- TMA descriptors ----
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link
+// against libcuda), looked up once.
+static PFN_cuTensorMapEncodeTiled_v12000 fc_cuda_encode_tiled() {
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                             &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess) {
+            cudaGetLastError();
+            f = nullptr;
+        }
+        return (PFN_cuTensorMapEncodeTiled_v12000)f;
+    }();
+    return fn;
+}
+
+bool fc_cuda_tma_available() { return fc_cuda_encode_tiled() != nullptr; }
+
+bool fc_cuda_tma_map(CUtensorMap *map, const fc_view &v, const fc_cuda_pack_dims &e, int64_t dp,
+                     int box_rows) {
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = fc_cuda_encode_tiled();
+    if (!encode) return false;
+    const cuuint64_t dims[4] = {(cuuint64_t)dp, (cuuint64_t)e.heads, (cuuint64_t)e.n1,
+                                (cuuint64_t)e.n0};
+    // byte strides of dims 1..3; one batch (varlen) still needs a stride
+    const int64_t s_batch = e.n0 > 1 ? v.s_batch : v.s_seq * e.n1;
+    const cuuint64_t strides[3] = {(cuuint64_t)v.s_head * 2, (cuuint64_t)v.s_seq * 2,
+                                   (cuuint64_t)s_batch * 2};
+    const cuuint32_t box[4] = {64, 1, (cuuint32_t)box_rows, 1};
+    const cuuint32_t elem[4] = {1, 1, 1, 1};
+    if (v.s_head <= 0 || v.s_seq <= 0 || s_batch <= 0) return false;
+    return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, v.ptr, dims, strides, box, elem,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
+           CUDA_SUCCESS;
 }
 
 // ---- the kernel arguments ----

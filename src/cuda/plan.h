@@ -81,14 +81,19 @@ int fc_dim_at_least(const int *dims, int64_t d);
 int fc_dim_max(const int *dims);
 
 // ---- the kernel family ----
-enum { FC_FAMILY_SM80 = 80, FC_FAMILY_SM90 = 90 };
+// sm90ws: the forward's warp-specialised TMA kernels (fwd.cu picks it over sm90).
+enum { FC_FAMILY_SM80 = 80, FC_FAMILY_SM90 = 90, FC_FAMILY_SM90WS = 91 };
 
 // The family that runs an operation of head dim d8 (a multiple of 8) on device
 // dv: sm90 (wgmma) on compute capability 9.0 exactly, where sm_90a code runs,
 // for head dims above 32 when the build has an sm90 instance for d8
 // (has_sm90); sm80 (mma.sync) everywhere else (>= 8.0). FLASHC_CUDA_FAMILY=sm80
 // in the environment forces sm80 on Hopper too (tests and benchmarks of both).
+// The forward then prefers sm90ws to sm90 where it can run the call (fwd.cu).
 int fc_cuda_family(const fc_cuda_device &dv, int64_t d8, bool has_sm90);
+
+// The name of a family for messages: "sm80", "sm90", "sm90ws".
+const char *fc_cuda_family_name(int family);
 
 // ---- operands the kernels read in place, and the repacked rest ----
 // [n0, n1, heads, d] of one operand; rows (b, s, h) of the caller's view at
@@ -131,6 +136,18 @@ cudaError_t fc_cuda_pack_start(const fc_attn *a, const fc_cuda_pack_plan &pk, vo
 // Copy the packed outputs among `outs` back into the caller's views.
 cudaError_t fc_cuda_pack_finish(const fc_attn *a, const fc_cuda_pack_plan &pk, void *ws,
                                 std::initializer_list<int> outs, cudaStream_t stream);
+
+// ---- TMA descriptors (the warp-specialised family, ws_params.h) ----
+// The descriptor of operand v seen as the 4-d tensor (d, heads, n1, n0) of
+// dims e with d = dp columns (a multiple of 8), boxes of (64, 1, box_rows, 1)
+// stored 128B-swizzled. False when the driver has no cuTensorMapEncodeTiled
+// or refuses the view (the repacked operands meet TMA's alignment and stride
+// rules, so a refusal is an error of the call).
+// fc_cuda_tma_available: whether the driver has cuTensorMapEncodeTiled.
+struct CUtensorMap_st;
+bool fc_cuda_tma_available();
+bool fc_cuda_tma_map(struct CUtensorMap_st *map, const fc_view &v, const fc_cuda_pack_dims &e,
+                     int64_t dp, int box_rows);
 
 // ---- the kernel arguments ----
 // The forward kernels' arguments of *a, host-derived constants included; the

@@ -241,6 +241,68 @@ struct fc_sm90_fwd_traits : fc_sm90_fwd_tile<D> {
     static_assert(kAccRegs <= 200, "accumulators leave too few of the 255 registers");
 };
 
+// ---- the sm90ws family (sm90ws/fwd_kernel.cuh: TMA, warp specialisation, sm_90a only) ----
+// One row per head dim D: the consumer warpgroups (each owns 64 query rows, so
+// Br = 64 * consumers), the key tile Bc and the K/V ring depth. A CTA is one
+// producer warpgroup (its one thread issues every TMA load) and the consumers,
+// one CTA per SM; setmaxnreg moves the producer's registers to the consumers:
+// 24 / 240 a thread with two consumers, 24 / 160 with three. Layouts as the
+// sm90 family (128-byte swizzle, 64-column blocks), so D is a multiple of 64
+// and other head dims run zero-padded on the next row. Ping-pong (1): the
+// consumers take turns issuing their GEMMs (named barriers), so one
+// warpgroup's softmax runs under another's GEMMs (FA3, Shah et al. 2024, §3.2).
+// Registers per consumer thread: O D/2 + S Bc/2 + P Bc/4. Shared memory: Q
+// Br*D*2 + K, V 2 * stages * Bc*D*2, the barriers, + 1 KB of alignment.
+#ifndef FC_SM90WS_FWD_TILES
+//   X(D,  consumers, Bc, stages, ping-pong)
+#define FC_SM90WS_FWD_TILES(X) \
+    X(64,  3, 128, 3, 1)      \
+    X(128, 2, 128, 3, 1)      \
+    X(192, 2, 96,  2, 0)      \
+    X(256, 2, 64,  2, 0)
+#endif
+
+template <int D>
+struct fc_sm90ws_fwd_tile;  // only the rows of the table exist
+
+#define FC_SM90WS_FWD_TILE_ROW_(D_, WG, BC, STAGES, PP) \
+    template <>                                        \
+    struct fc_sm90ws_fwd_tile<D_> {                    \
+        static constexpr int kConsumers = WG;          \
+        static constexpr int kBc = BC;                 \
+        static constexpr int kStages = STAGES;         \
+        static constexpr bool kPingPong = PP;          \
+    };
+FC_SM90WS_FWD_TILES(FC_SM90WS_FWD_TILE_ROW_)
+#undef FC_SM90WS_FWD_TILE_ROW_
+
+template <int D>
+struct fc_sm90ws_fwd_traits : fc_sm90ws_fwd_tile<D> {
+    using tile = fc_sm90ws_fwd_tile<D>;
+    static constexpr int kD = D;
+    static constexpr int kConsumers = tile::kConsumers, kBc = tile::kBc, kStages = tile::kStages;
+    static constexpr bool kPingPong = tile::kPingPong;
+    static constexpr int kBr = 64 * kConsumers;
+    static constexpr int kThreads = 128 * (kConsumers + 1);  // + the producer warpgroup
+    static constexpr int kProducerRegs = 24, kConsumerRegs = kConsumers == 2 ? 240 : 160;
+    static constexpr int kChunks = D / 8;  // 16-byte chunks per row
+    static constexpr int kQBytes = kBr * D * 2;
+    static constexpr int kKVTileBytes = kBc * D * 2;
+    static constexpr int kBarBytes = 8 * (1 + 4 * kStages);  // full Q; full, empty K, V per slot
+    static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVTileBytes + kBarBytes;
+    static constexpr int kAccRegs = D / 2 + kBc / 2 + kBc / 4;
+
+    static_assert(D % 64 == 0 && D >= 64 && D <= 256, "head dim: a multiple of 64 up to 256");
+    static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
+    static_assert(kBr <= 256 && kBc % 32 == 0 && kBc <= 256,
+                  "TMA boxes: at most 256 rows; Bc a multiple of 32 (dropout groups)");
+    static_assert(kStages >= 2, "the K/V ring needs two stages");
+    static_assert(kSmemBytes <= FC_SM90_SMEM_LIMIT, "shared memory must fit 227 KB (sm90)");
+    static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
+                  "the register budgets must fit the register file");
+    static_assert(kAccRegs + 32 <= kConsumerRegs, "accumulators leave too few registers");
+};
+
 // ---- the sm90 backward (sm90/bwd_kernel.cuh: wgmma, sm_90a only) ----
 // One row per head dim D: the query tile Br walked per iteration, the key tile
 // Bc a CTA of two warpgroups owns, the depth of the Q / dO ring. S^T = K Q^T

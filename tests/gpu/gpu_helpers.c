@@ -116,6 +116,14 @@ void gb_family_leave(const gb_family *f) {
     else unsetenv("FLASHC_CUDA_FAMILY");
 }
 
+int gb_device_is_sm90(void) {
+    int dev = 0, major = 0, minor = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+           major == 9 && minor == 0;
+}
+
 /* The GPU tests need a CUDA device of compute capability >= 8.0 (run.c). */
 const char *fc_test_skip_reason(void) {
     static char why[200];

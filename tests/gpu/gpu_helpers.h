@@ -69,6 +69,9 @@ typedef struct {
 void gb_family_enter(gb_family *f, const char *family);
 void gb_family_leave(const gb_family *f);
 
+/* 1 when the current device has compute capability 9.0 (the sm90 families run). */
+int gb_device_is_sm90(void);
+
 /* 1 if a and b (two runs' results) agree bit for bit; else a failure
  * "<what> differs between <runs> at byte N" (the first byte that differs). */
 int gb_same_bits(const char *what, const char *runs, const void *a, const void *b, size_t bytes);

@@ -1,6 +1,6 @@
 /* test_gpu_edge.c : test_edge.c's edge semantics on the CUDA backend, each on
- * every kernel family (FLASHC_CUDA_FAMILY "auto", sm90 on Hopper for D > 32,
- * and "sm80"):
+ * every kernel family (FLASHC_CUDA_FAMILY "auto": on Hopper for D > 32 the
+ * sm90ws forward and the sm90 backward; "sm90": the sm90 forward; "sm80"):
  * - rows that see exactly one key (seqlen_k = 1 with ALiBi [B, H]; the window
  *   (0, 0)), with dropout: dq and dk exactly 0;
  * - a NaN in q: NaN out, lse and dq of its row and dk, dv of the keys it sees,
@@ -130,7 +130,7 @@ static const th_edge ge_shapes[] = {
 #undef BF
 #undef HF
 #define GE_N (sizeof ge_shapes / sizeof ge_shapes[0])
-static th_edge ge_cases[2 * GE_N];
+static th_edge ge_cases[3 * GE_N];
 
 /* The queries never answer OK for a call the run refuses: fp32 tensors (every
  * entry point) and attn_probs (the forward), on the device; nothing written. */
@@ -183,8 +183,8 @@ done:
 }
 
 FC_TEST_REGISTER(gpu_edge) {
-    static const char *const fams[2] = {"auto", "sm80"};
-    for (int f = 0; f < 2; f++)
+    static const char *const fams[3] = {"auto", "sm90", "sm80"};
+    for (int f = 0; f < 3; f++)
         for (size_t i = 0; i < GE_N; i++) {
             th_edge *c = &ge_cases[f * GE_N + i];
             *c = ge_shapes[i];

@@ -11,8 +11,8 @@
  *   gqa}, each with one shape from (Sq, Sk) in {(1,1), (17,113), (113,17),
  *   (1000,1000), (2049,1000)}, picked so every pair of (dtype, D, shape,
  *   option) values meets in some case. On an sm90 device these run the kernel
- *   family plan.cu:fc_cuda_family picks (sm90 for D > 32); FLASHC_CUDA_FAMILY=sm80 runs the
- *   same cases on the sm80 family;
+ *   family fwd.cu picks (sm90ws for D > 32 where it can, else sm90);
+ *   FLASHC_CUDA_FAMILY=sm90 and =sm80 run the same cases on those families;
  * - packed layouts: qkvpacked [B,S,3,H,D] and kvpacked [B,S,2,Hk,D] views;
  * - operands the kernels cannot read in place (repacked through the
  *   workspace): D in {1, 7, 36, 100, 129, 250} x {bf16, fp16} x {none,
@@ -21,6 +21,8 @@
  * - varlen with an empty query sequence and an empty key sequence, with and
  *   without causal, and with seqused_k;
  * - paged KV (varlen + block_table) with page sizes 1, 3, 16, 48, 64 and 256;
+ * - which family ran, from the launch log: sm90ws, sm90 (FLASHC_CUDA_FAMILY=sm90,
+ *   paged K/V) and sm80 (=sm80, D <= 32) on compute capability 9.0;
  * - the dropout mask bit for bit: with Sk <= D and V = identity, out[i][j] is
  *   0 exactly where element (i, j) was dropped, so the GPU's mask is read off
  *   its output and compared with the sign pattern of attn_probs from the
@@ -548,4 +550,66 @@ FC_TEST_REGISTER(gpu_fwd_dropout_mask) {
     gpu_mcases[1] = (gpu_mask_case){FLASHC_DTYPE_FP16, 64, 257};
     fc_test_add("gpu_dropout_mask_bf16_d128_300x128", gpu_run_mask, &gpu_mcases[0]);
     fc_test_add("gpu_dropout_mask_fp16_d64_257x64", gpu_run_mask, &gpu_mcases[1]);
+}
+
+// ---- which family ran ----
+
+/* The launch line (FLASHC_LOG=1) of a forward names its kernel. On compute
+ * capability 9.0: sm90ws by default, sm90 with FLASHC_CUDA_FAMILY=sm90 and for
+ * paged K/V (a TMA box is a run of rows), sm80 with =sm80 and for D <= 32;
+ * elsewhere sm80 always. Each call's results are checked as in its sweep. */
+typedef struct {
+    const char *family; /* FLASHC_CUDA_FAMILY */
+    int64_t d;
+    int paged;          /* the paged varlen case (page 16), else a batched GQA causal one */
+    const char *kernel; /* the kernel on compute capability 9.0 */
+} gpu_dispatch_case;
+
+static void gpu_dispatch_call(void *ctx) {
+    const gpu_dispatch_case *c = (const gpu_dispatch_case *)ctx;
+    if (c->paged) {
+        const gpu_varlen_case v = {FLASHC_DTYPE_BF16, c->d, 4, 2, 0, 0, 16};
+        gpu_run_varlen(&v);
+    } else {
+        gpu_case b;
+        memset(&b, 0, sizeof b);
+        b.dt = FLASHC_DTYPE_FP16;
+        b.b = 2, b.sq = 200, b.sk = 300, b.h = 4, b.hk = 2, b.d = c->d;
+        b.opt = GO_CAUSAL;
+        gpu_run_batched(&b);
+    }
+}
+
+static void gpu_run_dispatch(const void *param) {
+    static const char *const kernels[3] = {"sm80_fwd_kernel<", "sm90_fwd_kernel<",
+                                           "sm90ws_fwd_kernel<"};
+    const gpu_dispatch_case *c = (const gpu_dispatch_case *)param;
+    gb_family fam;
+    gb_family_enter(&fam, c->family);
+    char *log = th_capture_log("1", gpu_dispatch_call, (void *)c);
+    gb_family_leave(&fam);
+    FC_ASSERT_TRUE(log != NULL);
+    const char *want = gb_device_is_sm90() ? c->kernel : kernels[0];
+    for (int k = 0; k < 3; k++)
+        if ((strstr(log, kernels[k]) != NULL) != (strcmp(kernels[k], want) == 0))
+            fc_test_fail(__FILE__, __LINE__, "FLASHC_CUDA_FAMILY=%s: %s \"%s\" in the log:\n%s",
+                         c->family, strcmp(kernels[k], want) == 0 ? "no" : "unexpected",
+                         kernels[k], log);
+    free(log);
+}
+
+static gpu_dispatch_case gpu_dcases[] = {
+    {"auto", 128, 0, "sm90ws_fwd_kernel<"}, {"auto", 72, 0, "sm90ws_fwd_kernel<"},
+    {"auto", 32, 0, "sm80_fwd_kernel<"},    {"sm90", 128, 0, "sm90_fwd_kernel<"},
+    {"sm80", 128, 0, "sm80_fwd_kernel<"},   {"auto", 128, 1, "sm90_fwd_kernel<"},
+};
+
+FC_TEST_REGISTER(gpu_fwd_dispatch) {
+    for (size_t i = 0; i < sizeof gpu_dcases / sizeof gpu_dcases[0]; i++) {
+        const gpu_dispatch_case *c = &gpu_dcases[i];
+        char name[64];
+        snprintf(name, sizeof name, "gpu_fwd_dispatch_%s_d%lld%s", c->family, (long long)c->d,
+                 c->paged ? "_paged" : "");
+        fc_test_add(name, gpu_run_dispatch, c);
+    }
 }

@@ -12,7 +12,8 @@
  *   - the backward twice on that forward's out and lse: dq, dk, dv checked
  *     against fc_ref_bwd; in deterministic mode (every other case) the two
  *     runs must agree bit for bit.
- * The sweep: family {auto (sm90 on Hopper for D > 32), sm80} x dtype {bf16,
+ * The sweep: family {auto (on Hopper for D > 32: the sm90ws forward, the sm90
+ * backward), sm90, sm80} x dtype {bf16,
  * fp16} x D {32, 64, 96, 111, 128, 160, 192, 224, 256} x causal {no, yes},
  * two windows each, each with one (Sq, Sk) from a list with Sq < Sk (short against very long
  * included), Sq = Sk and Sq > Sk, chosen so every pair of values meets; GQA
@@ -40,7 +41,7 @@ typedef struct {
     int deterministic;
 } gw_case;
 
-#define GW_MAX_CASES 160
+#define GW_MAX_CASES 240
 #define GW_RUNS "two runs on the same inputs"
 static gw_case gw_cases[GW_MAX_CASES];
 static int gw_ncases;
@@ -208,7 +209,7 @@ static int gw_edge(uint64_t *s, int64_t span) {
 }
 
 FC_TEST_REGISTER(gpu_window_sweep) {
-    static const char *const fams[2] = {"auto", "sm80"};
+    static const char *const fams[3] = {"auto", "sm90", "sm80"};
     static const flashc_dtype dts[2] = {FLASHC_DTYPE_BF16, FLASHC_DTYPE_FP16};
     static const int64_t dims[9] = {32, 64, 96, 111, 128, 160, 192, 224, 256};
     /* Sq < Sk (short against long and very long), Sq = Sk, Sq > Sk */
@@ -217,7 +218,7 @@ FC_TEST_REGISTER(gpu_window_sweep) {
     const char *seed_env = getenv("FLASHC_TEST_SEED");
     uint64_t s = 0x5eed0f3a11ull ^ (seed_env ? strtoull(seed_env, NULL, 10) : 0);
     int idx = 0;
-    for (int f = 0; f < 2; f++)
+    for (int f = 0; f < 3; f++)
         for (int t = 0; t < 2; t++)
             for (int di = 0; di < 9; di++)
                 for (int causal = 0; causal < 2; causal++)

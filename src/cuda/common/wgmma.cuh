@@ -118,6 +118,12 @@ __device__ __forceinline__ void fc_bar_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Arrive at named barrier `id` (of `threads` arrivals) without waiting: the
+// signalling half of a producer/consumer handshake whose other half syncs.
+__device__ __forceinline__ void fc_bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads));
+}
+
 // ---- bulk reductions (the backward's dQ) ----
 // Add `bytes` (a multiple of 16; both addresses 16-byte aligned) of fp32 from
 // shared address `src` to global `dst`, element by element, asynchronously;

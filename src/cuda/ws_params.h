@@ -1,0 +1,23 @@
+// ws_params.h : the argument struct of the warp-specialised sm90 forward
+// (sm90/ws/fwd_ws_kernel.cuh): the forward's kernel arguments (params.h) and
+// one TMA descriptor per input operand, built on the host per call
+// (plan.cu fc_cuda_tma_map) and passed with the rest as a __grid_constant__.
+//
+// Each descriptor views its operand as the 4-d tensor (d, heads, rows, n0)
+// with the d axis contiguous: batched q [B, Sq, H, D] is (D, H, Sq, B),
+// varlen q [total_q, H, D] is (D, H, total_q, 1); k and v likewise. A box is
+// (64 columns, 1 head, tile rows, 1): 128 bytes a row, stored 128B-swizzled,
+// which is wgmma.cuh's layout of one 64-column block (fc_sw128_offset).
+#ifndef FLASHC_CUDA_WS_PARAMS_H
+#define FLASHC_CUDA_WS_PARAMS_H
+
+#include <cuda.h>
+
+#include "params.h"
+
+typedef struct fc_cuda_fwd_ws_params {
+    fc_cuda_fwd_params f;
+    CUtensorMap tma_q, tma_k, tma_v;
+} fc_cuda_fwd_ws_params;
+
+#endif  // FLASHC_CUDA_WS_PARAMS_H
