@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """plot.py : PNG charts of the CSVs that bench/compare.py writes.
 
-    bench/plot.sh bench/results/h200-fwd-sm90-final.csv bench/results/h200-decode.csv
+    bench/plot.sh bench/results/h200-fwd-sm90ws-run25.csv bench/results/h200-decode.csv
     python3 bench/plot.py --out docs/img --dtypes bf16 CSV...   (a python3 with matplotlib)
 
 Every CSV has compare.py's columns (backend, mode, dtype, batch, seqlen_q,
@@ -10,7 +10,7 @@ file holds is read from its mode column:
 
   fwd, bwd, fwdbwd   TFLOP/s against seqlen, one panel per head dim, the
                      non-causal row above the causal one, one line per backend
-                     (flashc, flashc-sm80, sdpa-flash, sdpa-cudnn: whichever are
+                     (flashc, flashc-sm90, flashc-sm80, sdpa-flash, sdpa-cudnn: whichever are
                      in the file). One PNG per (mode, dtype):
                      OUT/<stem>-<mode>-<dtype>.png (-<mode> left out when the
                      file's stem already names it: h200-fwd.csv -> h200-fwd-bf16.png).
@@ -36,9 +36,9 @@ import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
 TFLOP_MODES = ("fwd", "bwd", "fwdbwd")
 # fixed colours, so a backend looks the same on every chart
-COLOURS = {"flashc": "#d62728", "flashc-sm80": "#ff9896", "flashc-det": "#9467bd",
-           "sdpa-flash": "#1f77b4", "sdpa-cudnn": "#2ca02c"}
-ORDER = ["flashc", "flashc-sm80", "flashc-det", "sdpa-flash", "sdpa-cudnn"]
+COLOURS = {"flashc": "#d62728", "flashc-sm90": "#ff7f0e", "flashc-sm80": "#ff9896",
+           "flashc-det": "#9467bd", "sdpa-flash": "#1f77b4", "sdpa-cudnn": "#2ca02c"}
+ORDER = ["flashc", "flashc-sm90", "flashc-sm80", "flashc-det", "sdpa-flash", "sdpa-cudnn"]
 HATCHES = ["//", "..", "xx", "\\\\"]  # paged cache layouts, one per series
 
 

@@ -12,6 +12,6 @@ if [ ! -x $venv/bin/python ] || ! $venv/bin/python -c "import matplotlib" 2>/dev
   $venv/bin/pip install --quiet matplotlib
 fi
 if [ $# -eq 0 ]; then
-  set -- --out docs/img --dtypes bf16 bench/results/h200-fwd-sm90-final.csv bench/results/h200-decode.csv
+  set -- --out docs/img --dtypes bf16 bench/results/h200-fwd-sm90ws-run25.csv bench/results/h200-decode.csv
 fi
 exec $venv/bin/python bench/plot.py "$@"

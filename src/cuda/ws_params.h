@@ -1,5 +1,5 @@
 // ws_params.h : the argument struct of the warp-specialised sm90 forward
-// (sm90/ws/fwd_ws_kernel.cuh): the forward's kernel arguments (params.h) and
+// (sm90ws/fwd_kernel.cuh): the forward's kernel arguments (params.h) and
 // one TMA descriptor per input operand, built on the host per call
 // (plan.cu fc_cuda_tma_map) and passed with the rest as a __grid_constant__.
 //
