@@ -542,50 +542,69 @@ static flashc_status fc_ref_run_bwd(const fc_ref_prob *pr, const flashc_tensor *
 
 // ---- entry points ----
 
+// The batched problem of the forward and the backward: q [B, Sq, H, D], k and
+// v [B, Sk, Hk, D].
+static void fc_ref_prob_batched(fc_ref_prob *pr, const flashc_params *p, fc_ref_mode mode,
+                                const flashc_tensor *q, const flashc_tensor *k,
+                                const flashc_tensor *v, const flashc_tensor *alibi) {
+    memset(pr, 0, sizeof *pr);
+    fc_ref_ctx_init(&pr->c, p, mode, q->dtype, q->shape[2], k->shape[2], q->shape[3], alibi, true);
+    pr->B = q->shape[0];
+    pr->Sq = q->shape[1];
+    pr->Sk = k->shape[1];
+    pr->rows_q = pr->B * pr->Sq;
+    pr->q = q;
+    pr->k = k;
+    pr->v = v;
+}
+
+// The varlen problem of the forward and the backward: q [total_q, H, D], k and
+// v [total_k, Hk, D] (the forward's may be pages: Hk is second to last), the
+// sequences by cu_seqlens_q and cu_seqlens_k, rows packed.
+static void fc_ref_prob_varlen(fc_ref_prob *pr, const flashc_params *p, fc_ref_mode mode,
+                               const flashc_tensor *q, const flashc_tensor *k,
+                               const flashc_tensor *v, const flashc_tensor *alibi,
+                               const flashc_tensor *cu_seqlens_q,
+                               const flashc_tensor *cu_seqlens_k) {
+    memset(pr, 0, sizeof *pr);
+    fc_ref_ctx_init(&pr->c, p, mode, q->dtype, q->shape[1], k->shape[k->ndim - 2], q->shape[2],
+                    alibi, true);
+    pr->B = cu_seqlens_q->shape[0] - 1;
+    pr->cu_q = (const int32_t *)cu_seqlens_q->data;
+    pr->cu_k = (const int32_t *)cu_seqlens_k->data;
+    pr->rows_q = q->shape[0];
+    pr->q = q;
+    pr->k = k;
+    pr->v = v;
+    pr->qrows.layout = FC_REF_PACKED;
+    pr->qrows.cu = pr->cu_q;
+    pr->krows.layout = FC_REF_PACKED;
+    pr->krows.cu = pr->cu_k;
+}
+
 flashc_status fc_ref_fwd(const flashc_fwd_args *a, const flashc_params *p, fc_ref_mode mode,
                          double *out, double *lse, double *probs) {
     fc_ref_prob pr;
-    memset(&pr, 0, sizeof pr);
-    fc_ref_ctx_init(&pr.c, p, mode, a->q.dtype, a->q.shape[2], a->k.shape[2], a->q.shape[3],
-                    &a->alibi_slopes, true);
-    pr.B = a->q.shape[0];
-    pr.Sq = a->q.shape[1];
-    pr.Sk = a->k.shape[1];
-    pr.rows_q = pr.B * pr.Sq;
+    fc_ref_prob_batched(&pr, p, mode, &a->q, &a->k, &a->v, &a->alibi_slopes);
     pr.probs_sq = pr.Sq;
     pr.probs_sk = pr.Sk;
-    pr.q = &a->q;
-    pr.k = &a->k;
-    pr.v = &a->v;
     return fc_ref_run_fwd(&pr, out, lse, probs, NULL);
 }
 
 flashc_status fc_ref_varlen_fwd(const flashc_varlen_fwd_args *a, const flashc_params *p,
                                 fc_ref_mode mode, double *out, double *lse, double *probs) {
     fc_ref_prob pr;
-    memset(&pr, 0, sizeof pr);
-    fc_ref_ctx_init(&pr.c, p, mode, a->q.dtype, a->q.shape[1], a->k.shape[a->k.ndim - 2],
-                    a->q.shape[2], &a->alibi_slopes, true);
-    pr.B = a->cu_seqlens_q.shape[0] - 1;
-    pr.cu_q = (const int32_t *)a->cu_seqlens_q.data;
-    pr.cu_k = (const int32_t *)a->cu_seqlens_k.data;
+    fc_ref_prob_varlen(&pr, p, mode, &a->q, &a->k, &a->v, &a->alibi_slopes, &a->cu_seqlens_q,
+                       &a->cu_seqlens_k);
     pr.seqused_k = (const int32_t *)a->seqused_k.data;
-    pr.rows_q = a->q.shape[0];
     pr.probs_sq = a->max_seqlen_q;
     pr.probs_sk = a->max_seqlen_k;
-    pr.q = &a->q;
-    pr.k = &a->k;
-    pr.v = &a->v;
-    pr.qrows.layout = FC_REF_PACKED;
-    pr.qrows.cu = pr.cu_q;
     if (a->block_table.data) {
         pr.krows.layout = FC_REF_PAGED;
+        pr.krows.cu = NULL;
         pr.krows.bt = (const int32_t *)a->block_table.data;
         pr.krows.bt_stride = a->block_table.stride[0];
         pr.krows.page_size = a->k.shape[1];
-    } else {
-        pr.krows.layout = FC_REF_PACKED;
-        pr.krows.cu = pr.cu_k;
     }
     return fc_ref_run_fwd(&pr, out, lse, probs, NULL);
 }
@@ -593,38 +612,17 @@ flashc_status fc_ref_varlen_fwd(const flashc_varlen_fwd_args *a, const flashc_pa
 flashc_status fc_ref_bwd(const flashc_bwd_args *a, const flashc_params *p, fc_ref_mode mode,
                          double *dq, double *dk, double *dv) {
     fc_ref_prob pr;
-    memset(&pr, 0, sizeof pr);
-    fc_ref_ctx_init(&pr.c, p, mode, a->q.dtype, a->q.shape[2], a->k.shape[2], a->q.shape[3],
-                    &a->alibi_slopes, true);
-    pr.B = a->q.shape[0];
-    pr.Sq = a->q.shape[1];
-    pr.Sk = a->k.shape[1];
-    pr.rows_q = pr.B * pr.Sq;
+    fc_ref_prob_batched(&pr, p, mode, &a->q, &a->k, &a->v, &a->alibi_slopes);
     pr.rows_k = pr.B * pr.Sk;
-    pr.q = &a->q;
-    pr.k = &a->k;
-    pr.v = &a->v;
     return fc_ref_run_bwd(&pr, &a->dout, dq, dk, dv);
 }
 
 flashc_status fc_ref_varlen_bwd(const flashc_varlen_bwd_args *a, const flashc_params *p,
                                 fc_ref_mode mode, double *dq, double *dk, double *dv) {
     fc_ref_prob pr;
-    memset(&pr, 0, sizeof pr);
-    fc_ref_ctx_init(&pr.c, p, mode, a->q.dtype, a->q.shape[1], a->k.shape[1], a->q.shape[2],
-                    &a->alibi_slopes, true);
-    pr.B = a->cu_seqlens_q.shape[0] - 1;
-    pr.cu_q = (const int32_t *)a->cu_seqlens_q.data;
-    pr.cu_k = (const int32_t *)a->cu_seqlens_k.data;
-    pr.rows_q = a->q.shape[0];
+    fc_ref_prob_varlen(&pr, p, mode, &a->q, &a->k, &a->v, &a->alibi_slopes, &a->cu_seqlens_q,
+                       &a->cu_seqlens_k);
     pr.rows_k = a->k.shape[0];
-    pr.q = &a->q;
-    pr.k = &a->k;
-    pr.v = &a->v;
-    pr.qrows.layout = FC_REF_PACKED;
-    pr.qrows.cu = pr.cu_q;
-    pr.krows.layout = FC_REF_PACKED;
-    pr.krows.cu = pr.cu_k;
     return fc_ref_run_bwd(&pr, &a->dout, dq, dk, dv);
 }
 
