@@ -40,7 +40,10 @@ pages in a random order), SDPA flash and cuDNN on the contiguous one (GQA throug
 enable_gqa). The same run measures a device-to-device copy (a 1 GiB torch copy,
 bytes read + written / time) as the bandwidth ceiling; each row's "of copy" is
 its GB/s over the copy's. CSV rows as above, mode decode / decode-page16 / ...,
-plus one row for the copy (backend torch-copy, mode copy).
+plus one row for the copy (backend torch-copy, mode copy). --q-len N > 1 makes
+each sequence's query a chunk of N tokens attending the whole cache (chunked
+prefill, no mask; flashc takes its forward kernel there, a paged cache
+included): rows then also give TFLOP/s.
 """
 import argparse
 import ctypes
@@ -209,6 +212,7 @@ def main():
                     help="decode: batch x heads x kv_heads x keys, comma-separated")
     ap.add_argument("--pages", default="16,256", help="decode: page sizes of the paged runs")
     ap.add_argument("--num-splits", type=int, default=0, help="decode: params.num_splits (0 = heuristic)")
+    ap.add_argument("--q-len", type=int, default=1, help="decode: query tokens per sequence")
     args = ap.parse_args()
 
     fc = Flashc(args.lib)
@@ -392,13 +396,14 @@ def bench_decode(args, fc):
 
     for shape in args.decode_shapes.split(","):
         b, h, hk, s = map(int, shape.lower().split("x"))
-        q = torch.randn(b, 1, h, d, device="cuda", dtype=dt)
+        ql = args.q_len
+        q = torch.randn(b, ql, h, d, device="cuda", dtype=dt)
         k, v = (torch.randn(b, s, hk, d, device="cuda", dtype=dt) for _ in range(2))
         out = torch.empty_like(q)
-        lse = torch.empty(b, h, 1, device="cuda", dtype=torch.float32)
+        lse = torch.empty(b, h, ql, device="cuda", dtype=torch.float32)
         seqlens = torch.full((b,), s, device="cuda", dtype=torch.int32)
         kv_bytes = 2 * k.numel() * k.element_size()
-        fl = flops(b, h, 1, s, d, False)
+        fl = flops(b, h, ql, s, d, False)
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
         gqa = {"enable_gqa": True} if h != hk else {}
 
@@ -450,12 +455,14 @@ def bench_decode(args, fc):
                     results.append(("flashc", mode, float("nan"), ""))
             del layouts
         for name, mode, ms, err in results:
-            rows.append("%s,%s,%s,%d,1,%d,%d,%d,%d,0,%.4f,%.2f,%.1f,%s" %
-                        (name, mode, dn, b, s, h, hk, d, ms, fl / (ms * 1e-3) / 1e12,
+            rows.append("%s,%s,%s,%d,%d,%d,%d,%d,%d,0,%.4f,%.2f,%.1f,%s" %
+                        (name, mode, dn, b, ql, s, h, hk, d, ms, fl / (ms * 1e-3) / 1e12,
                          kv_bytes / (ms * 1e-3) / 1e9, err))
             gbps = kv_bytes / (ms * 1e-3) / 1e9
             line = ("%s b%-3d h%d:%-3d s%-7d %-10s %-14s %8.3f ms %7.1f GB/s  %5.1f%% of copy  err %s" %
                     (dn, b, h, hk, s, name, mode, ms, gbps, 100.0 * gbps / copy_gbps, err))
+            if ql > 1:
+                line += "  q%d %.1f TFLOP/s" % (ql, fl / (ms * 1e-3) / 1e12)
             print(line, flush=True)
             table.append(line)
         del q, k, v, out, lse, qt, kt, vt, ref

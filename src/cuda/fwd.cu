@@ -105,6 +105,16 @@ static void fc_sm90ws_tiles(int dim, int *br, int *bc) {
 #undef FC_TILES90WS_
 }
 
+// The rows of one TMA box of K / V for key tiles of bc rows: bc, or, paged,
+// the page size when it is a multiple of bc, or a multiple of 8 dividing it
+// (then a tile takes bc / page_size boxes); 0 when no box fits the pages.
+static int fc_sm90ws_kv_box_rows(const fc_attn *a, int bc) {
+    if (!a->block_table) return bc;
+    const int64_t ps = a->page_size;
+    if (ps % bc == 0) return bc;
+    return bc % ps == 0 && ps % 8 == 0 ? (int)ps : 0;
+}
+
 template <int D, typename T>
 static cudaError_t fc_sm90ws_fwd_run(const fc_cuda_fwd_ws_params &wp, bool causal,
                                      cudaStream_t stream) {
@@ -132,11 +142,19 @@ typedef struct {
 static const char *fc_fwd_ws_refusal(const fc_attn *a, int64_t d8) {
     const char *force = getenv("FLASHC_CUDA_FAMILY");
     if (force && strcmp(force, "sm90") == 0) return "FLASHC_CUDA_FAMILY=sm90";
-    if (fc_fwd_dim(FC_FAMILY_SM90WS, d8) == 0) return "no instance for this head dim";
-    // K, V rows a TMA box cannot reach as one run of rows (a TMA producer of pages: issue 18)
-    if (a->block_table) return "paged K/V";
-    if (a->k_batch_idx) return "cache_batch_idx";
-    if (a->k_leftpad) return "cache_leftpad";
+    const int dim = fc_fwd_dim(FC_FAMILY_SM90WS, d8);
+    if (dim == 0) return "no instance for this head dim";
+    // paged: a page holds whole key tiles, or whole chunks of a tile of a
+    // multiple of 8 rows (the 128B swizzle repeats every 8 rows), each one TMA
+    // box (fc_sm90ws_kv_box_rows); a cp.async producer for the rest is not here yet
+    if (a->block_table) {
+        int br, bc;
+        fc_sm90ws_tiles(dim, &br, &bc);
+        if (fc_sm90ws_kv_box_rows(a, bc) == 0)
+            return "paged K/V with a page size that is neither a multiple of the key tile nor a "
+                   "multiple of 8 dividing it";
+        if (a->k_leftpad) return "paged K/V with cache_leftpad";
+    }
     if (!fc_cuda_tma_available()) return "the driver has no cuTensorMapEncodeTiled";
     return NULL;
 }
@@ -217,14 +235,16 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
                  : fc_sm90ws_fwd_run<D, __half>(wp, plan.causal, stream);       \
         break;
     if (plan.family == FC_FAMILY_SM90WS) {
-        // the TMA descriptors of q, k, v: boxes of 64 columns by Br or Bc rows
+        // the TMA descriptors of q, k, v: boxes of 64 columns by Br rows (q), Bc rows
+        // or, paged, a page of a size that divides Bc (k, v)
         fc_cuda_fwd_ws_params wp;
         wp.f = p;
         int br, bc;
         fc_sm90ws_tiles(plan.dim, &br, &bc);
+        const int kv_rows = fc_sm90ws_kv_box_rows(a, bc);
         if (!fc_cuda_tma_map(&wp.tma_q, packed.q, pk.dims[FC_PACK_Q], pk.dp, br) ||
-            !fc_cuda_tma_map(&wp.tma_k, packed.k, pk.dims[FC_PACK_K], pk.dp, bc) ||
-            !fc_cuda_tma_map(&wp.tma_v, packed.v, pk.dims[FC_PACK_V], pk.dp, bc))
+            !fc_cuda_tma_map(&wp.tma_k, packed.k, pk.dims[FC_PACK_K], pk.dp, kv_rows) ||
+            !fc_cuda_tma_map(&wp.tma_v, packed.v, pk.dims[FC_PACK_V], pk.dp, kv_rows))
             return fc_set_error(FLASHC_ERR_CUDA,
                                 "the CUDA driver refused a TMA descriptor of q, k or v (the "
                                 "sm90ws family; FLASHC_CUDA_FAMILY=sm90 runs without TMA)");

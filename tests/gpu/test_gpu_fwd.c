@@ -20,9 +20,11 @@
  *   and a paged case with D not a multiple of 8;
  * - varlen with an empty query sequence and an empty key sequence, with and
  *   without causal, and with seqused_k;
- * - paged KV (varlen + block_table) with page sizes 1, 3, 16, 48, 64 and 256;
- * - which family ran, from the launch log: sm90ws, sm90 (FLASHC_CUDA_FAMILY=sm90,
- *   paged K/V) and sm80 (=sm80, D <= 32) on compute capability 9.0;
+ * - paged KV (varlen + block_table) with page sizes 1, 3, 8, 16, 32, 48, 64,
+ *   128 and 256 (on sm90ws: one TMA box per key tile or per page of one);
+ * - which family ran, from the launch log: sm90ws (paged K/V included), sm90
+ *   (FLASHC_CUDA_FAMILY=sm90, pages of 3 rows) and sm80 (=sm80, D <= 32) on
+ *   compute capability 9.0;
  * - the dropout mask bit for bit: with Sk <= D and V = identity, out[i][j] is
  *   0 exactly where element (i, j) was dropped, so the GPU's mask is read off
  *   its output and compared with the sign pattern of attn_probs from the
@@ -303,7 +305,7 @@ typedef struct {
     int page_size; /* 0 = not paged */
 } gpu_varlen_case;
 
-static gpu_varlen_case gpu_vcases[16];
+static gpu_varlen_case gpu_vcases[24];
 static int gpu_nvcases;
 
 /* Sequence lengths: b = 1 has no query rows, b = 3 no keys. */
@@ -441,6 +443,11 @@ FC_TEST_REGISTER(gpu_fwd_varlen) {
     gpu_add_varlen("gpu_paged_fp16_d64_page48_causal", (gpu_varlen_case){fp, 64, 4, 1, 1, 0, 48});
     gpu_add_varlen("gpu_paged_bf16_d128_page64_causal", (gpu_varlen_case){bf, 128, 8, 2, 1, 0, 64});
     gpu_add_varlen("gpu_paged_bf16_d128_page256_seqused", (gpu_varlen_case){bf, 128, 4, 4, 0, 1, 256});
+    /* sm90ws: a page of whole key tiles, or of a multiple of 8 rows dividing one */
+    gpu_add_varlen("gpu_paged_bf16_d256_page32_causal", (gpu_varlen_case){bf, 256, 4, 2, 1, 0, 32});
+    gpu_add_varlen("gpu_paged_fp16_d192_page48_seqused", (gpu_varlen_case){fp, 192, 2, 1, 0, 1, 48});
+    gpu_add_varlen("gpu_paged_bf16_d64_page8_causal_seqused", (gpu_varlen_case){bf, 64, 4, 1, 1, 1, 8});
+    gpu_add_varlen("gpu_paged_fp16_d256_page128", (gpu_varlen_case){fp, 256, 2, 2, 0, 0, 128});
     /* D not a multiple of 8: repacked through the workspace */
     gpu_add_varlen("gpu_varlen_pad_fp16_d36_causal", (gpu_varlen_case){fp, 36, 3, 1, 1, 0, 0});
     gpu_add_varlen("gpu_paged_pad_bf16_d100_page3_seqused", (gpu_varlen_case){bf, 100, 2, 1, 0, 1, 3});
@@ -555,20 +562,21 @@ FC_TEST_REGISTER(gpu_fwd_dropout_mask) {
 // ---- which family ran ----
 
 /* The launch line (FLASHC_LOG=1) of a forward names its kernel. On compute
- * capability 9.0: sm90ws by default, sm90 with FLASHC_CUDA_FAMILY=sm90 and for
- * paged K/V (a TMA box is a run of rows), sm80 with =sm80 and for D <= 32;
- * elsewhere sm80 always. Each call's results are checked as in its sweep. */
+ * capability 9.0: sm90ws by default (paged K/V too, when a page holds whole
+ * TMA boxes), sm90 with FLASHC_CUDA_FAMILY=sm90 and for pages of 3 rows, sm80
+ * with =sm80 and for D <= 32; elsewhere sm80 always. Each call's results are
+ * checked as in its sweep. */
 typedef struct {
     const char *family; /* FLASHC_CUDA_FAMILY */
     int64_t d;
-    int paged;          /* the paged varlen case (page 16), else a batched GQA causal one */
+    int page;           /* the paged varlen case of this page size, or 0: a batched GQA causal one */
     const char *kernel; /* the kernel on compute capability 9.0 */
 } gpu_dispatch_case;
 
 static void gpu_dispatch_call(void *ctx) {
     const gpu_dispatch_case *c = (const gpu_dispatch_case *)ctx;
-    if (c->paged) {
-        const gpu_varlen_case v = {FLASHC_DTYPE_BF16, c->d, 4, 2, 0, 0, 16};
+    if (c->page) {
+        const gpu_varlen_case v = {FLASHC_DTYPE_BF16, c->d, 4, 2, 0, 0, c->page};
         gpu_run_varlen(&v);
     } else {
         gpu_case b;
@@ -601,15 +609,16 @@ static void gpu_run_dispatch(const void *param) {
 static gpu_dispatch_case gpu_dcases[] = {
     {"auto", 128, 0, "sm90ws_fwd_kernel<"}, {"auto", 72, 0, "sm90ws_fwd_kernel<"},
     {"auto", 32, 0, "sm80_fwd_kernel<"},    {"sm90", 128, 0, "sm90_fwd_kernel<"},
-    {"sm80", 128, 0, "sm80_fwd_kernel<"},   {"auto", 128, 1, "sm90_fwd_kernel<"},
+    {"sm80", 128, 0, "sm80_fwd_kernel<"},   {"auto", 128, 16, "sm90ws_fwd_kernel<"},
+    {"auto", 128, 3, "sm90_fwd_kernel<"},
 };
 
 FC_TEST_REGISTER(gpu_fwd_dispatch) {
     for (size_t i = 0; i < sizeof gpu_dcases / sizeof gpu_dcases[0]; i++) {
         const gpu_dispatch_case *c = &gpu_dcases[i];
         char name[64];
-        snprintf(name, sizeof name, "gpu_fwd_dispatch_%s_d%lld%s", c->family, (long long)c->d,
-                 c->paged ? "_paged" : "");
+        snprintf(name, sizeof name, "gpu_fwd_dispatch_%s_d%lld", c->family, (long long)c->d);
+        if (c->page) snprintf(name + strlen(name), sizeof name - strlen(name), "_page%d", c->page);
         fc_test_add(name, gpu_run_dispatch, c);
     }
 }

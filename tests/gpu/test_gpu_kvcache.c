@@ -19,7 +19,7 @@
  * Cases (the names say which options are on): contiguous caches and paged ones
  * with page sizes 1, 5, 16, 48, 64, 256; cache_seqlens absent, a scalar or per
  * sequence, with lengths of 0, 1 and ending mid-page; cache_batch_idx,
- * cache_leftpad, padded strides; k_new / v_new with and without rotary
+ * cache_leftpad (on paged caches too), padded strides; k_new / v_new with and without rotary
  * (interleaved or not, rotary_dim < D or = D, tables in fp32 or the dtype);
  * causal, windows, softcap, ALiBi [H] and [B, H], no lse; query lengths 1 to
  * 100 (the long ones and the GQA groups past 128 packed rows take the forward
@@ -414,6 +414,12 @@ static const gk_case gk_cases[] = {
     {HF, 2, 1, 4, 1, 36, 90, 5, .seqlens = 2, .cs = {44, 80}, .Snew = 1}, /* D 36, paged */
     {BF, 2, 1, 4, 2, 128, 200, 16, .seqlens = 2, .cs = {77, 150}, .Snew = 1, .rotary = 128,
      .interleaved = 1, .misalign = 1}, /* q and out misaligned: the forward kernel */
+    {BF, 2, 64, 8, 2, 256, 300, 16, .seqlens = 2, .cs = {40, 230}, .Snew = 64,
+     .causal = 1}, /* sm90ws: 16-row pages, four TMA boxes per 64-key tile */
+    {HF, 2, 40, 4, 1, 128, 400, 16, .seqlens = 2, .cs = {100, 300}, .leftpad = 1,
+     .lp = {8, 40}, .causal = 1}, /* paged with leftpad: the sm90 family on sm90 */
+    {BF, 2, 50, 6, 2, 64, 333, 0, .seqlens = 2, .cs = {200, 117}, .Snew = 3, .leftpad = 1,
+     .lp = {9, 100}, .batch_idx = 1, .causal = 1}, /* sm90ws: leftpad and batch idx, 3 consumers */
     {BF, 2, 0, 4, 2, 64, 50, 0, .seqlens = 2, .cs = {10, 20}, .Snew = 2, .rotary = 64,
      .interleaved = 1}, /* no query rows: only the append */
 };

@@ -5,7 +5,8 @@
 //
 //   producer   warpgroup 0, registers lowered with setmaxnreg; its thread 0
 //              issues TMA loads of the Q tile once and of K, V tiles into a
-//              ring of kStages slots (common/tma.cuh: full_k[s], full_v[s]
+//              ring of kStages slots (paged: the lanes of its warp one page
+//              each) (common/tma.cuh: full_k[s], full_v[s]
 //              complete when the bytes land; empty_k[s] when every consumer
 //              is past S = Q K^T of the slot, empty_v[s] past O += P V, so
 //              the next K load starts a softmax earlier than the next V)
@@ -21,15 +22,18 @@
 //              memory to 16-byte global stores, as the sm90 kernel
 //
 // Operands are read through TMA descriptors (ws_params.h): batched and varlen
-// q, k, v. Rows past a sequence read as zeros (past the descriptor's tensor)
+// q, k, v, a cache through cache_batch_idx and cache_leftpad, and paged K/V
+// whose pages hold whole key tiles or whole chunks of one (one TMA box per
+// page). Rows past a sequence read as zeros (past the descriptor's tensor)
 // or as whatever the operand holds there (another sequence, a cache's unused
-// rows): scores there are masked, and V rows there are zeroed in shared
-// memory before O += P V reads them (0 * NaN is NaN). Paged K/V,
-// cache_batch_idx and cache_leftpad run on the sm90 family (fwd.cu says so).
+// rows or pages): scores there are masked, and V rows there are zeroed in
+// shared memory before O += P V reads them (0 * NaN is NaN). Other page
+// sizes and paged K/V with cache_leftpad run on the sm90 family (fwd.cu).
 //
 // Not here yet: a persistent tile scheduler (one CTA per SM walks the
 // tiles, so a tile's epilogue and the next one's loads overlap), a TMA store
-// of O, GQA packing of short query sequences, paged K/V.
+// of O, GQA packing of short query sequences, a cp.async producer for pages
+// a TMA box cannot cover.
 #ifndef FLASHC_CUDA_SM90WS_FWD_KERNEL_CUH
 #define FLASHC_CUDA_SM90WS_FWD_KERNEL_CUH
 
@@ -53,7 +57,9 @@
 enum { FC_WS_BAR_TAIL = 1, FC_WS_BAR_EPILOGUE = 2, FC_WS_BAR_TURN = FC_WS_BAR_EPILOGUE + 3 };
 
 // grid (ceil(seqlen_q / Br), H, B), block kThreads, dynamic smem kSmemBytes.
-template <int D, typename T, bool kCausal>
+// kCache: K/V rows through a cache's indirection (block_table, cache_batch_idx,
+// cache_leftpad); the other kernel's producer has none of that code.
+template <int D, typename T, bool kCausal, bool kCache>
 __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
     sm90ws_fwd_kernel(const __grid_constant__ fc_cuda_fwd_ws_params P) {
     const fc_cuda_fwd_params &p = P.f;
@@ -64,6 +70,7 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
     constexpr int CB = D / 64;  // 64-column blocks: one TMA box each
     constexpr uint32_t TILE = Tr::kKVTileBytes;
     static_assert(FC_WS_BAR_TURN + C <= 16, "named barriers");
+    static_assert(Bc / 8 <= 32, "a paged tile's chunks: one producer lane each");
 
     extern __shared__ unsigned char fc_smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -99,34 +106,63 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
     }
     __syncthreads();
 
-    // ---- the producer: one thread issues every load ----
+    // ---- the producer: one thread issues the loads (kCache: the lanes of its
+    // warp look up the pages of a paged tile together and issue a box each) ----
     if (warp < 4) {
         fc_setmaxnreg_dec<Tr::kProducerRegs>();
-        if (tid != 0) return;
+        if (kCache ? warp != 0 : tid != 0) return;
+        const bool lead = !kCache || lane == 0;
         const int q_tok =
             seq.m0 + (p.cu_seqlens_q ? fc_cu_span(p.cu_seqlens_q, b, p.total_q, p.seqlen_q).start : 0);
-        const int k_tok = p.cu_seqlens_k ? fc_cu_span(p.cu_seqlens_k, b, p.total_k, p.seqlen_k).start : 0;
-        const int qb = p.cu_seqlens_q ? 0 : b, kb = p.cu_seqlens_k ? 0 : b;
-        const int hk = h / p.kv_group;
-        fc_mbar_arrive_expect_tx(full_q, Tr::kQBytes);
+        // Key row j in the K / V descriptors' (row, n0) coordinates: row k_tok + j
+        // of n0 kb (batched, varlen, cache_batch_idx, leftpad), or, paged, row
+        // j % page_size of page block_table[b][j / page_size], in chunks of
+        // R rows that each lie in one page (fwd.cu: R = min(Bc, page_size)
+        // divides the one or is a multiple of 8 dividing the other; no leftpad)
+        int k_tok = p.cu_seqlens_k ? fc_cu_span(p.cu_seqlens_k, b, p.total_k, p.seqlen_k).start : 0;
+        int kb = p.cu_seqlens_k ? 0 : b;
+        const int qb = p.cu_seqlens_q ? 0 : b, hk = h / p.kv_group;
+        if (kCache) {
+            k_tok += seq.kv.leftpad;
+            if (p.k_batch_idx) kb = fc_index(p.k_batch_idx, b, p.total_k);
+        }
+        // the TMA loads of the K or V tile at key row j0 into dst
+        auto load_kv = [&](uint32_t dst, const CUtensorMap *map, uint32_t full, int j0) {
+            if (!kCache || !seq.kv.bt) {
+                if (lead)
 #pragma unroll
-        for (int cb = 0; cb < CB; ++cb)
-            fc_tma_load_4d(sQ + cb * Br * 128, &P.tma_q, full_q, cb * 64, h, q_tok, qb);
+                    for (int cb = 0; cb < CB; ++cb)
+                        fc_tma_load_4d(dst + cb * Bc * 128, map, full, cb * 64, hk, k_tok + j0, kb);
+                return;
+            }
+            // lane l: chunk l (R >= 8: at most Bc / 8 <= 32 chunks); a chunk past the
+            // block_table row (the top tile's rows past the keys, masked and
+            // zeroed) reads the row's last page
+            const int ps = p.page_size, R = min(Bc, ps), c = lane * R;
+            if (c < Bc) {
+                const int col = min((j0 + c) / ps, p.bt_cols - 1);
+                const int page = fc_clampi(__ldg(seq.kv.bt + col), 0, p.total_k - 1);
+#pragma unroll
+                for (int cb = 0; cb < CB; ++cb)
+                    fc_tma_load_4d(dst + cb * Bc * 128 + c * 128, map, full, cb * 64, hk,
+                                   (j0 + c) % ps, page);
+            }
+        };
+        if (lead) {
+            fc_mbar_arrive_expect_tx(full_q, Tr::kQBytes);
+#pragma unroll
+            for (int cb = 0; cb < CB; ++cb)
+                fc_tma_load_4d(sQ + cb * Br * 128, &P.tma_q, full_q, cb * 64, h, q_tok, qb);
+        }
         for (int it = 0; it < n_tiles; ++it) {
             const int s = it % S, j0 = (n_hi - 1 - it) * Bc;
             const uint32_t used = (uint32_t)((it / S - 1) & 1);  // the slot's last use
             if (it >= S) fc_mbar_wait(empty_k(s), used);
-            fc_mbar_arrive_expect_tx(full_k(s), TILE);
-#pragma unroll
-            for (int cb = 0; cb < CB; ++cb)
-                fc_tma_load_4d(sK + s * TILE + cb * Bc * 128, &P.tma_k, full_k(s), cb * 64, hk,
-                               k_tok + j0, kb);
+            if (lead) fc_mbar_arrive_expect_tx(full_k(s), TILE);
+            load_kv(sK + s * TILE, &P.tma_k, full_k(s), j0);
             if (it >= S) fc_mbar_wait(empty_v(s), used);
-            fc_mbar_arrive_expect_tx(full_v(s), TILE);
-#pragma unroll
-            for (int cb = 0; cb < CB; ++cb)
-                fc_tma_load_4d(sV + s * TILE + cb * Bc * 128, &P.tma_v, full_v(s), cb * 64, hk,
-                               k_tok + j0, kb);
+            if (lead) fc_mbar_arrive_expect_tx(full_v(s), TILE);
+            load_kv(sV + s * TILE, &P.tma_v, full_v(s), j0);
         }
         return;
     }
@@ -275,12 +311,23 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
     }
 }
 
-template <int D, typename T, bool kCausal>
-cudaError_t sm90ws_fwd_launch(const fc_cuda_fwd_ws_params &p, dim3 grid, cudaStream_t stream) {
+template <int D, typename T, bool kCausal, bool kCache>
+cudaError_t sm90ws_fwd_launch_kernel(const fc_cuda_fwd_ws_params &p, dim3 grid,
+                                     cudaStream_t stream) {
     using Tr = fc_sm90ws_fwd_traits<D>;
     static std::atomic<uint64_t> smem_set{0};  // bit d: the limit is raised on device d
-    return fc_launch_kernel(sm90ws_fwd_kernel<D, T, kCausal>, &smem_set, Tr::kSmemBytes,
+    return fc_launch_kernel(sm90ws_fwd_kernel<D, T, kCausal, kCache>, &smem_set, Tr::kSmemBytes,
                             Tr::kThreads, grid, stream, p);
+}
+
+// A cache's K/V runs a kernel of its own: with the paged producer's code in it,
+// ptxas allocates the consumers' registers differently, which measured 1-3%
+// slower at S = 1k (bench/NOTES.md, issue 18 run 29).
+template <int D, typename T, bool kCausal>
+cudaError_t sm90ws_fwd_launch(const fc_cuda_fwd_ws_params &p, dim3 grid, cudaStream_t stream) {
+    return p.f.block_table || p.f.k_batch_idx || p.f.k_leftpad
+               ? sm90ws_fwd_launch_kernel<D, T, kCausal, true>(p, grid, stream)
+               : sm90ws_fwd_launch_kernel<D, T, kCausal, false>(p, grid, stream);
 }
 
 #endif  // FLASHC_CUDA_SM90WS_FWD_KERNEL_CUH
