@@ -115,16 +115,23 @@ static int fc_sm90ws_kv_box_rows(const fc_attn *a, int bc) {
     return bc % ps == 0 && ps % 8 == 0 ? (int)ps : 0;
 }
 
+// A persistent instance (traits.h) gets the schedule's size (sm90ws/fwd_kernel.cuh
+// fc_ws_schedule: tiles, or causal pairs of tiles) and one CTA per SM, or fewer
+// when there are fewer items; the others one CTA per query tile.
 template <int D, typename T>
-static cudaError_t fc_sm90ws_fwd_run(const fc_cuda_fwd_ws_params &wp, bool causal,
+static cudaError_t fc_sm90ws_fwd_run(fc_cuda_fwd_ws_params wp, bool causal, int sms,
                                      cudaStream_t stream) {
     using Tr = fc_sm90ws_fwd_traits<D>;
     const fc_cuda_fwd_params &p = wp.f;
-    const dim3 grid = fc_fwd_grid(p, Tr::kBr);
+    dim3 grid = fc_fwd_grid(p, Tr::kBr);
+    wp.m_blocks = (int32_t)grid.x;
+    wp.items = (int64_t)(causal ? (grid.x + 1) / 2 : grid.x) * p.heads * p.batch;
+    if (Tr::kPersistent) grid = dim3((unsigned)(wp.items < sms ? wp.items : sms));
     FC_LOG("sm90ws_fwd_kernel<D=%d, %s, causal=%d>: Br=%d Bc=%d consumers=%d stages=%d "
-           "ping-pong=%d grid=(%u,%u,%u) block=%d smem=%d", D, fc_cuda_dtype_name<T>(),
-           (int)causal, Tr::kBr, Tr::kBc, Tr::kConsumers, Tr::kStages, (int)Tr::kPingPong, grid.x,
-           grid.y, grid.z, Tr::kThreads, Tr::kSmemBytes);
+           "ping-pong=%d persistent=%d items=%lld grid=(%u,%u,%u) block=%d smem=%d", D,
+           fc_cuda_dtype_name<T>(), (int)causal, Tr::kBr, Tr::kBc, Tr::kConsumers, Tr::kStages,
+           (int)Tr::kPingPong, (int)Tr::kPersistent, (long long)wp.items, grid.x, grid.y, grid.z,
+           Tr::kThreads, Tr::kSmemBytes);
     return causal ? sm90ws_fwd_launch<D, T, true>(wp, grid, stream)
                   : sm90ws_fwd_launch<D, T, false>(wp, grid, stream);
 }
@@ -136,6 +143,7 @@ typedef struct {
     int dim;     // compiled head dim of the family (>= head_dim, zero-padded)
     bool causal; // the kCausal instance (right window edge on the diagonal)
     bool empty;  // nothing to compute (no batch, head or query row)
+    int sms;     // the device's multiprocessors (a persistent grid's size)
 } fc_cuda_fwd_plan;
 
 // Why the sm90ws family cannot take a call the sm90 family can, or NULL.
@@ -185,6 +193,7 @@ static flashc_status fc_cuda_fwd_check(const fc_attn *a, fc_cuda_fwd_plan *plan)
         else plan->family = FC_FAMILY_SM90WS;
     }
     plan->dim = fc_fwd_dim(plan->family, d8);
+    plan->sms = dv.sms;
     const int smem = fc_fwd_smem(plan->family, plan->dim);
     if (smem > dv.smem_optin)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
@@ -231,8 +240,8 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
 #define FC_CASE90_(D) FC_CASE_(sm90, D)
 #define FC_CASE90WS_(D)                                                         \
     case D:                                                                     \
-        e = bf16 ? fc_sm90ws_fwd_run<D, __nv_bfloat16>(wp, plan.causal, stream) \
-                 : fc_sm90ws_fwd_run<D, __half>(wp, plan.causal, stream);       \
+        e = bf16 ? fc_sm90ws_fwd_run<D, __nv_bfloat16>(wp, plan.causal, plan.sms, stream) \
+                 : fc_sm90ws_fwd_run<D, __half>(wp, plan.causal, plan.sms, stream);       \
         break;
     if (plan.family == FC_FAMILY_SM90WS) {
         // the TMA descriptors of q, k, v: boxes of 64 columns by Br rows (q), Bc rows

@@ -251,27 +251,32 @@ struct fc_sm90_fwd_traits : fc_sm90_fwd_tile<D> {
 // and other head dims run zero-padded on the next row. Ping-pong (1): the
 // consumers take turns issuing their GEMMs (named barriers), so one
 // warpgroup's softmax runs under another's GEMMs (FA3, Shah et al. 2024, §3.2).
+// Persistent (1): one CTA per SM walks a schedule of query tiles, with Q in
+// two buffers so that the next tile's Q and K, V load under this one's
+// compute and epilogue; it needs the second Q buffer to fit.
 // Registers per consumer thread: O D/2 + S Bc/2 + P Bc/4. Shared memory: Q
-// Br*D*2 + K, V 2 * stages * Bc*D*2, the barriers, + 1 KB of alignment.
+// Br*D*2 (twice when persistent) + K, V 2 * stages * Bc*D*2, the barriers,
+// + 1 KB of alignment.
 #ifndef FC_SM90WS_FWD_TILES
-//   X(D,  consumers, Bc, stages, ping-pong)
+//   X(D,  consumers, Bc, stages, ping-pong, persistent)
 #define FC_SM90WS_FWD_TILES(X) \
-    X(64,  3, 128, 3, 1)      \
-    X(128, 2, 128, 3, 1)      \
-    X(192, 2, 96,  2, 0)      \
-    X(256, 2, 64,  2, 0)
+    X(64,  3, 128, 3, 1, 0)   \
+    X(128, 2, 128, 2, 1, 1)   \
+    X(192, 2, 96,  2, 0, 0)   \
+    X(256, 2, 64,  2, 0, 0)
 #endif
 
 template <int D>
 struct fc_sm90ws_fwd_tile;  // only the rows of the table exist
 
-#define FC_SM90WS_FWD_TILE_ROW_(D_, WG, BC, STAGES, PP) \
-    template <>                                        \
-    struct fc_sm90ws_fwd_tile<D_> {                    \
-        static constexpr int kConsumers = WG;          \
-        static constexpr int kBc = BC;                 \
-        static constexpr int kStages = STAGES;         \
-        static constexpr bool kPingPong = PP;          \
+#define FC_SM90WS_FWD_TILE_ROW_(D_, WG, BC, STAGES, PP, PERSIST) \
+    template <>                                                 \
+    struct fc_sm90ws_fwd_tile<D_> {                             \
+        static constexpr int kConsumers = WG;                   \
+        static constexpr int kBc = BC;                          \
+        static constexpr int kStages = STAGES;                  \
+        static constexpr bool kPingPong = PP;                   \
+        static constexpr bool kPersistent = PERSIST;            \
     };
 FC_SM90WS_FWD_TILES(FC_SM90WS_FWD_TILE_ROW_)
 #undef FC_SM90WS_FWD_TILE_ROW_
@@ -281,15 +286,18 @@ struct fc_sm90ws_fwd_traits : fc_sm90ws_fwd_tile<D> {
     using tile = fc_sm90ws_fwd_tile<D>;
     static constexpr int kD = D;
     static constexpr int kConsumers = tile::kConsumers, kBc = tile::kBc, kStages = tile::kStages;
-    static constexpr bool kPingPong = tile::kPingPong;
+    static constexpr bool kPingPong = tile::kPingPong, kPersistent = tile::kPersistent;
     static constexpr int kBr = 64 * kConsumers;
+    static constexpr int kQBufs = kPersistent ? 2 : 1;  // the next tile's Q loads under this one
     static constexpr int kThreads = 128 * (kConsumers + 1);  // + the producer warpgroup
     static constexpr int kProducerRegs = 24, kConsumerRegs = kConsumers == 2 ? 240 : 160;
     static constexpr int kChunks = D / 8;  // 16-byte chunks per row
     static constexpr int kQBytes = kBr * D * 2;
     static constexpr int kKVTileBytes = kBc * D * 2;
-    static constexpr int kBarBytes = 8 * (1 + 4 * kStages);  // full Q; full, empty K, V per slot
-    static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVTileBytes + kBarBytes;
+    // full, empty Q per buffer; full, empty K, V per slot
+    static constexpr int kBarBytes = 8 * (2 * kQBufs + 4 * kStages);
+    static constexpr int kSmemBytes =
+        1024 + kQBufs * kQBytes + 2 * kStages * kKVTileBytes + kBarBytes;
     static constexpr int kAccRegs = D / 2 + kBc / 2 + kBc / 4;
 
     static_assert(D % 64 == 0 && D >= 64 && D <= 256, "head dim: a multiple of 64 up to 256");

@@ -15,9 +15,14 @@
 
 #include "params.h"
 
+// A persistent instance (traits.h) walks a schedule of `items` (the kernel's
+// fc_ws_schedule says which query tiles an item is) over a grid of at most
+// one CTA per SM; m_blocks = ceil(seqlen_q / Br) query tiles per (batch, head).
 typedef struct fc_cuda_fwd_ws_params {
     fc_cuda_fwd_params f;
     CUtensorMap tma_q, tma_k, tma_v;
+    int32_t m_blocks;
+    int64_t items;
 } fc_cuda_fwd_ws_params;
 
 #endif  // FLASHC_CUDA_WS_PARAMS_H

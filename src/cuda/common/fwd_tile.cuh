@@ -14,7 +14,9 @@
 //                   and the step between its rows, so any shared layout works
 //                   (sm80: padded rows; sm90: the 128B swizzle of wgmma.cuh)
 //   fc_fwd_store_empty  out = 0 and lse = -inf for a tile with no visible key
-//   fc_fwd_tile_begin  the above, for the first lines of a kernel
+//   fc_fwd_tile_keys   what a query tile holds: past its sequence, empty, or
+//                   key tiles to work
+//   fc_fwd_tile_begin  the above, for the first lines of a one-tile kernel
 //   fc_launch_kernel  the host side of a launch (shared memory limit once)
 #ifndef FLASHC_CUDA_FWD_TILE_CUH
 #define FLASHC_CUDA_FWD_TILE_CUH
@@ -247,20 +249,29 @@ __device__ __forceinline__ void fc_fwd_store_empty(const fc_cuda_fwd_params &p,
 }
 
 // ---- the start of every forward kernel ----
-// The sequence of query tile m_block of (b, h) and the key tiles [*n_lo, *n_hi)
-// its rows may see. False when there is nothing more to do: the tile lies past
-// its sequence, or no row sees a key (then out = 0 and lse = -inf are written).
+// What query tile m_block of (b, h) holds: FC_TILE_PAST (it lies past its
+// sequence), FC_TILE_EMPTY (no row sees a key) or FC_TILE_WORK (its rows may
+// see the key tiles [*n_lo, *n_hi)); *seq is its sequence unless PAST.
+enum { FC_TILE_PAST, FC_TILE_EMPTY, FC_TILE_WORK };
+template <bool kCausal, int BR, int BC>
+__device__ __forceinline__ int fc_fwd_tile_keys(const fc_cuda_fwd_params &p, int b, int h,
+                                                int m_block, fc_fwd_seq *seq, int *n_lo,
+                                                int *n_hi) {
+    if (!seq->init(p, b, h, m_block * BR, BR)) return FC_TILE_PAST;
+    const fc_mask<kCausal> mask(seq->sq, seq->sk, p.window_left, p.window_right);
+    return mask.template tiles<BC>(seq->m0, seq->m0 + seq->rows - 1, n_lo, n_hi) ? FC_TILE_WORK
+                                                                                : FC_TILE_EMPTY;
+}
+
+// The same for a kernel of one tile per CTA: false when there is nothing more
+// to do (and for an empty tile out = 0 and lse = -inf are written).
 template <typename T, bool kCausal, int BR, int BC, int CH, int NTH>
 __device__ __forceinline__ bool fc_fwd_tile_begin(const fc_cuda_fwd_params &p, int b, int h,
                                                   int m_block, int tid, fc_fwd_seq *seq, int *n_lo,
                                                   int *n_hi) {
-    if (!seq->init(p, b, h, m_block * BR, BR)) return false;
-    const fc_mask<kCausal> mask(seq->sq, seq->sk, p.window_left, p.window_right);
-    if (!mask.template tiles<BC>(seq->m0, seq->m0 + seq->rows - 1, n_lo, n_hi)) {
-        fc_fwd_store_empty<T, CH, BR, NTH>(p, *seq, tid);
-        return false;
-    }
-    return true;
+    const int kind = fc_fwd_tile_keys<kCausal, BR, BC>(p, b, h, m_block, seq, n_lo, n_hi);
+    if (kind == FC_TILE_EMPTY) fc_fwd_store_empty<T, CH, BR, NTH>(p, *seq, tid);
+    return kind == FC_TILE_WORK;
 }
 
 #endif  // FLASHC_CUDA_FWD_TILE_CUH
