@@ -13,6 +13,8 @@
  *   option) values meets in some case. On an sm90 device these run the kernel
  *   family fwd.cu picks (sm90ws for D > 32 where it can, else sm90);
  *   FLASHC_CUDA_FAMILY=sm90 and =sm80 run the same cases on those families;
+ * - more query tiles than twice the SMs at D128 (the persistent sm90ws kernel:
+ *   several tiles per CTA), causal, Sq < Sk, GQA and a window;
  * - packed layouts: qkvpacked [B,S,3,H,D] and kvpacked [B,S,2,Hk,D] views;
  * - operands the kernels cannot read in place (repacked through the
  *   workspace): D in {1, 7, 36, 100, 129, 250} x {bf16, fp16} x {none,
@@ -243,6 +245,34 @@ FC_TEST_REGISTER(gpu_fwd_sweep) {
                          (o == GO_WINDOW || o == GO_ALIBI) ? (c.variant ? "1" : "0") : "");
                 gpu_add(name, &c);
             }
+}
+
+/* More query tiles than twice the SMs (132 on an H100/H200): the persistent
+ * sm90ws kernel (D128) runs one CTA per SM, so each CTA works several tiles,
+ * uses both Q buffers and the second time waits for one to be freed, and runs
+ * its K/V ring on across tiles. Causal items are pairs of tiles (M - 1 - k, k),
+ * one a single tile when M is odd; Sq < Sk, GQA and a window shift the work. */
+FC_TEST_REGISTER(gpu_fwd_many_tiles) {
+    static const struct {
+        flashc_dtype dt;
+        int64_t b, sq, sk, h, hk;
+        gpu_opt opt;
+        const char *name;
+    } m[4] = {
+        {FLASHC_DTYPE_BF16, 4, 257, 257, 24, 24, GO_CAUSAL, "gpu_fwd_many_bf16_d128_4x257_h24_causal"},
+        {FLASHC_DTYPE_FP16, 4, 257, 257, 24, 8, GO_NONE, "gpu_fwd_many_fp16_d128_4x257_h24:8"},
+        {FLASHC_DTYPE_BF16, 6, 200, 300, 24, 6, GO_CAUSAL, "gpu_fwd_many_bf16_d128_6x200x300_h24:6_causal"},
+        {FLASHC_DTYPE_FP16, 4, 300, 260, 24, 24, GO_WINDOW, "gpu_fwd_many_fp16_d128_4x300x260_h24_window"},
+    };
+    for (int i = 0; i < 4; i++) {
+        gpu_case c;
+        memset(&c, 0, sizeof c);
+        c.dt = m[i].dt;
+        c.b = m[i].b, c.sq = m[i].sq, c.sk = m[i].sk, c.h = m[i].h, c.hk = m[i].hk, c.d = 128;
+        c.opt = m[i].opt;
+        c.layout = GL_SEPARATE;
+        gpu_add(m[i].name, &c);
+    }
 }
 
 FC_TEST_REGISTER(gpu_fwd_packed) {
