@@ -9,9 +9,12 @@
 #   5. bench/compare.py --mode decode: decode bandwidth, contiguous and paged
 #      caches, against SDPA and a device copy
 #   6. bench/compare.py --mode bwd (and fwdbwd): the backward against SDPA's
+#   7. (step "kernel", not in the default set) bench/kernel_ab.py: forward kernel
+#      times under ncu's locked clocks, this build (and the builds in AB_LIBS,
+#      comma-separated) against cuDNN; KERNEL_SHAPES overrides the shapes
 # Full logs go to $OUT (or bench/results when OUT is unset); the short table is
 # printed last. Steps can be chosen: bench/gpu.sh build test sanitize cli bench
-# decode bwd (default: all). FAMILIES picks the kernel families tested (default
+# decode bwd kernel (default: all but kernel). FAMILIES picks the kernel families tested (default
 # "auto sm90 sm80"),
 # SANITIZE_FILTER and SANITIZE_TOOLS the sanitizer's cases (default "d64") and
 # tools. BWD_ARGS passes flags to the backward runs, BWD_MODES picks them
@@ -105,5 +108,15 @@ if has bwd; then
     sed -n "/^== flashc vs SDPA/,\$p" "$out/compare_$mode.log"
     grep -v "^bf16\|^fp16\|^==" "$out/compare_$mode.log" | tail -5
   done
+fi
+if has kernel; then
+  echo "== forward kernel times under ncu (locked clocks) =="
+  shapes=${KERNEL_SHAPES:-"64,1024,1,32/32,16 64,8192,0,32/32,2 128,1024,0,16/16,16 128,1024,1,16/16,16 128,8192,1,16/16,2 128,8192,0,64/8,2 256,8192,1,8/8,2"}
+  args=()
+  for s in $shapes; do args+=(--shapes "$s"); done
+  libs=build/libflashc.so${AB_LIBS:+,$AB_LIBS}
+  PYTHONUNBUFFERED=1 python3 bench/kernel_ab.py --libs "$libs" --cudnn "${args[@]}" \
+    > "$out/kernel_ab.log" 2>&1 || status=1
+  cat "$out/kernel_ab.log"
 fi
 exit $status
