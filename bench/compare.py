@@ -179,6 +179,17 @@ def sweep(args):
                     yield dn, DTYPES[dn], d, s, causal, h, b
 
 
+def fwd_operands(b, s, h, hk, d, dt):
+    """Random q [b, s, h, d] and k, v [b, s, hk, d] (drawn in that order), out like q,
+    lse [b, h, s] fp32, the [b, heads, s, d] views SDPA takes and its GQA keyword."""
+    q = torch.randn(b, s, h, d, device="cuda", dtype=dt)
+    k, v = (torch.randn(b, s, hk, d, device="cuda", dtype=dt) for _ in range(2))
+    out = torch.empty_like(q)
+    lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+    views = tuple(x.transpose(1, 2) for x in (q, k, v))
+    return q, k, v, out, lse, views, {"enable_gqa": True} if h != hk else {}
+
+
 def kv_heads(args, h):
     """The K/V heads of a shape with h query heads: --heads H/Hk, else h (MHA)."""
     return int(args.heads.split("/")[1]) if args.heads and "/" in args.heads else h
@@ -227,12 +238,7 @@ def main():
     torch.manual_seed(0)
     for dn, dt, d, s, causal, h, b in sweep(args):
         hk = kv_heads(args, h)
-        q = torch.randn(b, s, h, d, device="cuda", dtype=dt)
-        k, v = (torch.randn(b, s, hk, d, device="cuda", dtype=dt) for _ in range(2))
-        out = torch.empty_like(q)
-        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-        gqa = {"enable_gqa": True} if h != hk else {}
+        q, k, v, out, lse, (qt, kt, vt), gqa = fwd_operands(b, s, h, hk, d, dt)
         nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
         fl = flops(b, h, s, s, d, causal)
 

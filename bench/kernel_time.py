@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import compare  # noqa: E402  (the Flashc binding)
+import compare  # noqa: E402  (the Flashc binding, fwd_operands)
 
 
 def main():
@@ -41,12 +41,7 @@ def main():
         d, s, causal, heads, b = sh.split(",")
         d, s, causal, b = int(d), int(s), int(causal), int(b)
         h, hk = map(int, heads.split("/"))
-        q = torch.randn(b, s, h, d, device="cuda", dtype=dt)
-        k, v = (torch.randn(b, s, hk, d, device="cuda", dtype=dt) for _ in range(2))
-        out = torch.empty_like(q)
-        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-        gqa = {"enable_gqa": True} if h != hk else {}
+        q, k, v, out, lse, (qt, kt, vt), gqa = compare.fwd_operands(b, s, h, hk, d, dt)
 
         def run():
             if fc:
