@@ -294,8 +294,8 @@ struct fc_sm90ws_fwd_traits : fc_sm90ws_fwd_tile<D> {
     static constexpr int kChunks = D / 8;  // 16-byte chunks per row
     static constexpr int kQBytes = kBr * D * 2;
     static constexpr int kKVTileBytes = kBc * D * 2;
-    // full, empty Q per buffer; full, empty K, V per slot
-    static constexpr int kBarBytes = 8 * (2 * kQBufs + 4 * kStages);
+    // full Q per buffer (and empty Q when persistent); full, empty K, V per slot
+    static constexpr int kBarBytes = 8 * ((kPersistent ? 2 : 1) * kQBufs + 4 * kStages);
     static constexpr int kSmemBytes =
         1024 + kQBufs * kQBytes + 2 * kStages * kKVTileBytes + kBarBytes;
     static constexpr int kAccRegs = D / 2 + kBc / 2 + kBc / 4;

@@ -139,21 +139,34 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
     extern __shared__ unsigned char fc_smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
+    // One tile per CTA: its tile first, as every one-tile forward kernel (the
+    // CTA ends here when the tile has no work).
+    fc_fwd_seq seq1;
+    int b1 = 0, h1 = 0, n_lo1 = 0, n_hi1 = 0;
+    if (!Tr::kPersistent) {
+        const fc_ws_tile w = Sched().tile(P);
+        b1 = w.b, h1 = w.h;
+        if (!fc_fwd_tile_begin<T, kCausal, Br, Bc, CH, Tr::kThreads>(p, b1, h1, w.m_block, tid,
+                                                                      &seq1, &n_lo1, &n_hi1))
+            return;
+    }
+
     // ---- shared memory (1024-aligned): Q (QB buffers), the K ring, the V ring, the barriers ----
     const uint32_t sQ0 = (fc_smem_u32(fc_smem) + 1023u) & ~1023u;
     const uint32_t sK = sQ0 + QB * Tr::kQBytes;
     const uint32_t sV = sK + S * TILE;
     const uint32_t bar = sV + S * TILE;
+    constexpr uint32_t QBAR = 8u * (Tr::kPersistent ? 2 * QB : QB);  // Q's barriers
     auto full_q = [&](int q) { return bar + 8u * (uint32_t)q; };
     auto empty_q = [&](int q) { return bar + 8u * (uint32_t)(QB + q); };
-    auto full_k = [&](int s) { return bar + 16u * QB + 8u * (uint32_t)s; };
-    auto full_v = [&](int s) { return bar + 16u * QB + 8u * (uint32_t)(S + s); };
-    auto empty_k = [&](int s) { return bar + 16u * QB + 8u * (uint32_t)(2 * S + s); };
-    auto empty_v = [&](int s) { return bar + 16u * QB + 8u * (uint32_t)(3 * S + s); };
+    auto full_k = [&](int s) { return bar + QBAR + 8u * (uint32_t)s; };
+    auto full_v = [&](int s) { return bar + QBAR + 8u * (uint32_t)(S + s); };
+    auto empty_k = [&](int s) { return bar + QBAR + 8u * (uint32_t)(2 * S + s); };
+    auto empty_v = [&](int s) { return bar + QBAR + 8u * (uint32_t)(3 * S + s); };
     if (tid == 0) {
         for (int q = 0; q < QB; ++q) {
             fc_mbar_init(full_q(q), 1);
-            fc_mbar_init(empty_q(q), CT);
+            if (Tr::kPersistent) fc_mbar_init(empty_q(q), CT);
         }
         for (int s = 0; s < S; ++s) {
             fc_mbar_init(full_k(s), 1);
@@ -176,15 +189,10 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
         fc_setmaxnreg_dec<Tr::kProducerRegs>();
         if (kCache ? warp != 0 : tid != 0) return;
         const bool lead = !kCache || lane == 0;
-        int u = 0, n = 0;
-        for (Sched sc; !sc.done(P); sc.advance(P)) {
-            const fc_ws_tile w = sc.tile(P);
-            const int b = w.b, h = w.h;
-            fc_fwd_seq seq;
-            int n_lo, n_hi;
-            if (fc_fwd_tile_keys<kCausal, Br, Bc>(p, b, h, w.m_block, &seq, &n_lo, &n_hi) !=
-                FC_TILE_WORK)
-                continue;
+        // the loads of work tile u of the CTA (batch b, head h, sequence seq, key
+        // tiles [n_lo, n_hi)), its key tiles from ring position n0 on
+        auto produce = [&](const int b, const int h, const fc_fwd_seq &seq, const int n_lo,
+                           const int n_hi, const int u, const int n0) {
             const int q_tok = seq.m0 + (p.cu_seqlens_q
                                             ? fc_cu_span(p.cu_seqlens_q, b, p.total_q, p.seqlen_q).start
                                             : 0);
@@ -233,8 +241,8 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
                 for (int cb = 0; cb < CB; ++cb)
                     fc_tma_load_4d(sQ + cb * Br * 128, &P.tma_q, full_q(qbuf), cb * 64, h, q_tok, qb);
             }
-            for (int it = 0; it < n_hi - n_lo; ++it, ++n) {
-                const int s = n % S, j0 = (n_hi - 1 - it) * Bc;
+            for (int it = 0; it < n_hi - n_lo; ++it) {
+                const int n = n0 + it, s = n % S, j0 = (n_hi - 1 - it) * Bc;
                 const uint32_t used = (uint32_t)((n / S - 1) & 1);  // the slot's last use
                 if (n >= S) fc_mbar_wait(empty_k(s), used);
                 if (lead) fc_mbar_arrive_expect_tx(full_k(s), TILE);
@@ -243,7 +251,22 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
                 if (lead) fc_mbar_arrive_expect_tx(full_v(s), TILE);
                 load_kv(sV + s * TILE, &P.tma_v, full_v(s), j0);
             }
-            ++u;
+        };
+        if constexpr (Tr::kPersistent) {
+            int u = 0, n0 = 0;
+            for (Sched sc; !sc.done(P); sc.advance(P)) {
+                const fc_ws_tile w = sc.tile(P);
+                fc_fwd_seq seq;
+                int n_lo, n_hi;
+                if (fc_fwd_tile_keys<kCausal, Br, Bc>(p, w.b, w.h, w.m_block, &seq, &n_lo,
+                                                      &n_hi) != FC_TILE_WORK)
+                    continue;
+                produce(w.b, w.h, seq, n_lo, n_hi, u, n0);
+                n0 += n_hi - n_lo;
+                ++u;
+            }
+        } else {
+            produce(b1, h1, seq1, n_lo1, n_hi1, 0, 0);
         }
         return;
     }
@@ -274,15 +297,10 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
     };
     if (Tr::kPingPong && wg == C - 1) fc_bar_arrive(FC_WS_BAR_TURN, 256);
 
-    int u = 0, n0 = 0;  // work tiles done; ring position of this tile's first key tile
-    for (Sched sc; !sc.done(P); sc.advance(P)) {
-        const fc_ws_tile w = sc.tile(P);
-        const int b = w.b, h = w.h;
-        fc_fwd_seq seq;
-        int n_lo, n_hi;
-        const int kind = fc_fwd_tile_keys<kCausal, Br, Bc>(p, b, h, w.m_block, &seq, &n_lo, &n_hi);
-        if (kind == FC_TILE_EMPTY) fc_fwd_store_empty<T, CH, Br, CT>(p, seq, tid - 128);
-        if (kind != FC_TILE_WORK) continue;
+    // work tile u of the CTA (batch b, head h, sequence seq, key tiles
+    // [n_lo, n_hi)), its key tiles from ring position n0 on
+    auto consume = [&](const int b, const int h, const fc_fwd_seq &seq, const int n_lo,
+                       const int n_hi, const int u, const int n0) {
         const int n_tiles = n_hi - n_lo;
         const int m0 = seq.m0, rows = seq.rows;
         const fc_mask<kCausal> mask(seq.sq, seq.sk, p.window_left, p.window_right);
@@ -383,7 +401,7 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
         fc_wgmma_wait<0>();
         fc_reg_fence(o_regs);
         fc_reg_fence(p_frag);
-        fc_mbar_arrive(empty_v((n0 + n_tiles - 1) % S));
+        if (Tr::kPersistent) fc_mbar_arrive(empty_v((n0 + n_tiles - 1) % S));  // the ring runs on
 
         // ---- epilogue: O / l through this warpgroup's Q rows to 16-byte stores ----
         // (every wgmma of this warpgroup, the only readers of these rows, is done)
@@ -413,8 +431,23 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
             fc_fence_proxy_async();
             fc_mbar_arrive(empty_q(qbuf));
         }
-        n0 += n_tiles;
-        ++u;
+    };
+    if constexpr (Tr::kPersistent) {
+        int u = 0, n0 = 0;
+        for (Sched sc; !sc.done(P); sc.advance(P)) {
+            const fc_ws_tile w = sc.tile(P);
+            fc_fwd_seq seq;
+            int n_lo, n_hi;
+            const int kind =
+                fc_fwd_tile_keys<kCausal, Br, Bc>(p, w.b, w.h, w.m_block, &seq, &n_lo, &n_hi);
+            if (kind == FC_TILE_EMPTY) fc_fwd_store_empty<T, CH, Br, CT>(p, seq, tid - 128);
+            if (kind != FC_TILE_WORK) continue;
+            consume(w.b, w.h, seq, n_lo, n_hi, u, n0);
+            n0 += n_hi - n_lo;
+            ++u;
+        }
+    } else {
+        consume(b1, h1, seq1, n_lo1, n_hi1, 0, 0);
     }
 }
 
