@@ -96,13 +96,18 @@ static cudaError_t fc_sm90_fwd_run(const fc_cuda_fwd_params &p, bool causal,
 }
 
 // The TMA boxes' rows of the sm90ws instance for head dim `dim`: the query
-// tile Br, the key tile Bc (0, 0 if none).
-static void fc_sm90ws_tiles(int dim, int *br, int *bc) {
+// tile Br, the key tile Bc (0, 0 if none); and whether it is persistent.
+static void fc_sm90ws_tiles(int dim, int *br, int *bc, bool *persistent = nullptr) {
     *br = *bc = 0;
-#define FC_TILES90WS_(D) \
-    if (dim == D) *br = fc_sm90ws_fwd_traits<D>::kBr, *bc = fc_sm90ws_fwd_traits<D>::kBc;
+    bool pers = false;
+#define FC_TILES90WS_(D)                                                                \
+    if (dim == D) {                                                                     \
+        *br = fc_sm90ws_fwd_traits<D>::kBr, *bc = fc_sm90ws_fwd_traits<D>::kBc;         \
+        pers = fc_sm90ws_fwd_traits<D>::kPersistent;                                    \
+    }
     FC_SM90WS_FWD_HEADDIMS(FC_TILES90WS_)
 #undef FC_TILES90WS_
+    if (persistent) *persistent = pers;
 }
 
 // The rows of one TMA box of K / V for key tiles of bc rows: bc, or, paged,
@@ -115,23 +120,63 @@ static int fc_sm90ws_kv_box_rows(const fc_attn *a, int bc) {
     return bc % ps == 0 && ps % 8 == 0 ? (int)ps : 0;
 }
 
+// GQA packing (ws_params.h): the G = heads / kv_heads query heads of a KV head
+// share query tiles. It can when the instance is persistent (the one-tile
+// kernels have no kPack instance), Br % G == 0 (a tile starts at a query
+// position) and there is no ALiBi or dropout (their per-row head). It does
+// (FLASHC_CUDA_GQA_PACK unset or "auto") when it fills the tiles better, a
+// head's own tiles holding Sq / round_up(Sq, Br) of their rows below 0.9 of
+// the packed tiles' Sq G / round_up(Sq G, Br) (FA3's rule; Sq is
+// max_seqlen_q for varlen), and it also takes fewer waves of tiles over the
+// SMs, two thirds or fewer of them without causal. The waves part is fitted to
+// the seven shapes of bench/NOTES.md issue 18 run 37: with as many waves,
+// packing measured 6-13% slower; 12 waves to 10 without causal, 6% slower;
+// with causal, 22% faster. FLASHC_CUDA_GQA_PACK=1 packs whenever it can (the
+// tests), =0 never. Returns G, or 1 (no packing).
+static int fc_sm90ws_pack(const fc_attn *a, int br, bool persistent, bool causal, int sms) {
+    const int64_t g = a->heads / a->kv_heads, sq = a->max_seqlen_q;
+    if (!persistent || g <= 1 || br % g != 0 || a->alibi || a->dropout_p > 0.0f) return 1;
+    const char *force = getenv("FLASHC_CUDA_GQA_PACK");
+    if (force && strcmp(force, "1") == 0) return (int)g;
+    if (force && strcmp(force, "0") == 0) return 1;
+    const auto fill = [br](int64_t rows) {
+        return (double)rows / (double)((rows + br - 1) / br * br);
+    };
+    // waves of tiles: tiles per (batch, head) times the heads, over the SMs
+    const auto waves = [&](int64_t rows, int64_t heads) {
+        return ((rows + br - 1) / br * heads * a->batch + sms - 1) / sms;
+    };
+    const int64_t w1 = waves(sq, a->heads), wg = waves(sq * g, a->kv_heads);
+    const bool fewer = causal ? wg < w1 : 3 * wg <= 2 * w1;
+    return fill(sq) < 0.9 * fill(sq * g) && fewer ? (int)g : 1;
+}
+
 // A persistent instance (traits.h) gets the schedule's size (sm90ws/fwd_kernel.cuh
 // fc_ws_schedule: tiles, or causal pairs of tiles) and one CTA per SM, or fewer
-// when there are fewer items; the others one CTA per query tile.
+// when there are fewer items; the others one CTA per query tile. Packed
+// (wp.pack > 1), a head's tiles are its KV head's packed rows.
 template <int D, typename T>
 static cudaError_t fc_sm90ws_fwd_run(fc_cuda_fwd_ws_params wp, bool causal, int sms,
                                      cudaStream_t stream) {
     using Tr = fc_sm90ws_fwd_traits<D>;
     const fc_cuda_fwd_params &p = wp.f;
-    dim3 grid = fc_fwd_grid(p, Tr::kBr);
+    const int64_t packed_rows = (int64_t)p.seqlen_q * wp.pack;
+    dim3 grid((unsigned)((packed_rows + Tr::kBr - 1) / Tr::kBr), (unsigned)(p.heads / wp.pack),
+              (unsigned)p.batch);
     wp.m_blocks = (int32_t)grid.x;
-    wp.items = (int64_t)(causal ? (grid.x + 1) / 2 : grid.x) * p.heads * p.batch;
+    // Causal pairs of tiles balance the work of a head's tiles, but halve the
+    // items: packed, a pair is an item only while there are enough pairs to
+    // fill the SMs (a short query over long keys: every tile sees about the
+    // same keys anyway).
+    const int64_t pairs = (int64_t)(grid.x + 1) / 2 * grid.y * p.batch;
+    wp.pair = causal && (wp.pack == 1 || pairs >= sms);
+    wp.items = wp.pair ? pairs : (int64_t)grid.x * grid.y * p.batch;
     if (Tr::kPersistent) grid = dim3((unsigned)(wp.items < sms ? wp.items : sms));
     FC_LOG("sm90ws_fwd_kernel<D=%d, %s, causal=%d>: Br=%d Bc=%d consumers=%d stages=%d "
-           "ping-pong=%d persistent=%d items=%lld grid=(%u,%u,%u) block=%d smem=%d", D,
-           fc_cuda_dtype_name<T>(), (int)causal, Tr::kBr, Tr::kBc, Tr::kConsumers, Tr::kStages,
-           (int)Tr::kPingPong, (int)Tr::kPersistent, (long long)wp.items, grid.x, grid.y, grid.z,
-           Tr::kThreads, Tr::kSmemBytes);
+           "ping-pong=%d persistent=%d pack=%d pairs=%d items=%lld grid=(%u,%u,%u) block=%d "
+           "smem=%d", D, fc_cuda_dtype_name<T>(), (int)causal, Tr::kBr, Tr::kBc, Tr::kConsumers,
+           Tr::kStages, (int)Tr::kPingPong, (int)Tr::kPersistent, wp.pack, wp.pair,
+           (long long)wp.items, grid.x, grid.y, grid.z, Tr::kThreads, Tr::kSmemBytes);
     return causal ? sm90ws_fwd_launch<D, T, true>(wp, grid, stream)
                   : sm90ws_fwd_launch<D, T, false>(wp, grid, stream);
 }
@@ -244,16 +289,20 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
                  : fc_sm90ws_fwd_run<D, __half>(wp, plan.causal, plan.sms, stream);       \
         break;
     if (plan.family == FC_FAMILY_SM90WS) {
-        // the TMA descriptors of q, k, v: boxes of 64 columns by Br rows (q), Bc rows
-        // or, paged, a page of a size that divides Bc (k, v)
+        // the TMA descriptors of q, k, v: boxes of 64 columns by Br rows (q; packed,
+        // G heads by Br / G rows), Bc rows or, paged, a page of a size that divides
+        // Bc (k, v)
         fc_cuda_fwd_ws_params wp;
         wp.f = p;
         int br, bc;
-        fc_sm90ws_tiles(plan.dim, &br, &bc);
+        bool persistent;
+        fc_sm90ws_tiles(plan.dim, &br, &bc, &persistent);
+        wp.pack = fc_sm90ws_pack(a, br, persistent, plan.causal, plan.sms);
         const int kv_rows = fc_sm90ws_kv_box_rows(a, bc);
-        if (!fc_cuda_tma_map(&wp.tma_q, packed.q, pk.dims[FC_PACK_Q], pk.dp, br) ||
-            !fc_cuda_tma_map(&wp.tma_k, packed.k, pk.dims[FC_PACK_K], pk.dp, kv_rows) ||
-            !fc_cuda_tma_map(&wp.tma_v, packed.v, pk.dims[FC_PACK_V], pk.dp, kv_rows))
+        if (!fc_cuda_tma_map(&wp.tma_q, packed.q, pk.dims[FC_PACK_Q], pk.dp, wp.pack,
+                             br / wp.pack) ||
+            !fc_cuda_tma_map(&wp.tma_k, packed.k, pk.dims[FC_PACK_K], pk.dp, 1, kv_rows) ||
+            !fc_cuda_tma_map(&wp.tma_v, packed.v, pk.dims[FC_PACK_V], pk.dp, 1, kv_rows))
             return fc_set_error(FLASHC_ERR_CUDA,
                                 "the CUDA driver refused a TMA descriptor of q, k or v (the "
                                 "sm90ws family; FLASHC_CUDA_FAMILY=sm90 runs without TMA)");

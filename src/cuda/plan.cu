@@ -188,7 +188,7 @@ static PFN_cuTensorMapEncodeTiled_v12000 fc_cuda_encode_tiled() {
 bool fc_cuda_tma_available() { return fc_cuda_encode_tiled() != nullptr; }
 
 bool fc_cuda_tma_map(CUtensorMap *map, const fc_view &v, const fc_cuda_pack_dims &e, int64_t dp,
-                     int box_rows) {
+                     int box_heads, int box_rows) {
     const PFN_cuTensorMapEncodeTiled_v12000 encode = fc_cuda_encode_tiled();
     if (!encode) return false;
     const cuuint64_t dims[4] = {(cuuint64_t)dp, (cuuint64_t)e.heads, (cuuint64_t)e.n1,
@@ -197,7 +197,7 @@ bool fc_cuda_tma_map(CUtensorMap *map, const fc_view &v, const fc_cuda_pack_dims
     const int64_t s_batch = e.n0 > 1 ? v.s_batch : v.s_seq * e.n1;
     const cuuint64_t strides[3] = {(cuuint64_t)v.s_head * 2, (cuuint64_t)v.s_seq * 2,
                                    (cuuint64_t)s_batch * 2};
-    const cuuint32_t box[4] = {64, 1, (cuuint32_t)box_rows, 1};
+    const cuuint32_t box[4] = {64, (cuuint32_t)box_heads, (cuuint32_t)box_rows, 1};
     const cuuint32_t elem[4] = {1, 1, 1, 1};
     if (v.s_head <= 0 || v.s_seq <= 0 || s_batch <= 0) return false;
     return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, v.ptr, dims, strides, box, elem,

@@ -139,15 +139,15 @@ cudaError_t fc_cuda_pack_finish(const fc_attn *a, const fc_cuda_pack_plan &pk, v
 
 // ---- TMA descriptors (the warp-specialised family, ws_params.h) ----
 // The descriptor of operand v seen as the 4-d tensor (d, heads, n1, n0) of
-// dims e with d = dp columns (a multiple of 8), boxes of (64, 1, box_rows, 1)
-// stored 128B-swizzled. False when the driver has no cuTensorMapEncodeTiled
+// dims e with d = dp columns (a multiple of 8), boxes of (64, box_heads,
+// box_rows, 1) stored 128B-swizzled. False when the driver has no cuTensorMapEncodeTiled
 // or refuses the view (the repacked operands meet TMA's alignment and stride
 // rules, so a refusal is an error of the call).
 // fc_cuda_tma_available: whether the driver has cuTensorMapEncodeTiled.
 struct CUtensorMap_st;
 bool fc_cuda_tma_available();
 bool fc_cuda_tma_map(struct CUtensorMap_st *map, const fc_view &v, const fc_cuda_pack_dims &e,
-                     int64_t dp, int box_rows);
+                     int64_t dp, int box_heads, int box_rows);
 
 // ---- the kernel arguments ----
 // The forward kernels' arguments of *a, host-derived constants included; the

@@ -15,12 +15,21 @@
 
 #include "params.h"
 
+// GQA packing (pack = G = heads / kv_heads, else 1): the G query heads of one
+// KV head share a query tile: packed row R of (batch b, KV head hk) is query
+// position R / G of head hk * G + R % G; tma_q's box is then (64, G heads,
+// Br / G positions, 1), which lands the rows in that order.
+//
 // A persistent instance (traits.h) walks a schedule of `items` (the kernel's
-// fc_ws_schedule says which query tiles an item is) over a grid of at most
-// one CTA per SM; m_blocks = ceil(seqlen_q / Br) query tiles per (batch, head).
+// fc_ws_schedule says which query tiles an item is: with causal, pairs of
+// tiles, or, packed and pair = 0, single tiles) over a grid of at most one
+// CTA per SM; m_blocks = ceil(seqlen_q * pack / Br) query tiles per (batch,
+// head / pack).
 typedef struct fc_cuda_fwd_ws_params {
     fc_cuda_fwd_params f;
     CUtensorMap tma_q, tma_k, tma_v;
+    int32_t pack;
+    int32_t pair;
     int32_t m_blocks;
     int64_t items;
 } fc_cuda_fwd_ws_params;

@@ -116,6 +116,20 @@ void gb_family_leave(const gb_family *f) {
     else unsetenv("FLASHC_CUDA_FAMILY");
 }
 
+void gb_env_enter(gb_env *e, const char *name, const char *value) {
+    const char *old = getenv(name);
+    e->name = name;
+    e->had = old != NULL;
+    snprintf(e->saved, sizeof e->saved, "%s", old ? old : "");
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+}
+
+void gb_env_leave(const gb_env *e) {
+    if (e->had) setenv(e->name, e->saved, 1);
+    else unsetenv(e->name);
+}
+
 int gb_device_is_sm90(void) {
     int dev = 0, major = 0, minor = 0;
     return cudaGetDevice(&dev) == cudaSuccess &&

@@ -69,6 +69,16 @@ typedef struct {
 void gb_family_enter(gb_family *f, const char *family);
 void gb_family_leave(const gb_family *f);
 
+/* Environment variable `name` set to `value` (NULL: unset) until gb_env_leave
+ * restores it (e.g. FLASHC_CUDA_GQA_PACK=1: GQA packing wherever the kernel can). */
+typedef struct {
+    const char *name;
+    int had;
+    char saved[64];
+} gb_env;
+void gb_env_enter(gb_env *e, const char *name, const char *value);
+void gb_env_leave(const gb_env *e);
+
 /* 1 when the current device has compute capability 9.0 (the sm90 families run). */
 int gb_device_is_sm90(void);
 

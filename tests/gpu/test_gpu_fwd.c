@@ -27,6 +27,27 @@
  * - which family ran, from the launch log: sm90ws (paged K/V included), sm90
  *   (FLASHC_CUDA_FAMILY=sm90, pages of 3 rows) and sm80 (=sm80, D <= 32) on
  *   compute capability 9.0;
+ * - GQA packing (sm90ws D128: the G = H / Hk query heads of one KV head share
+ *   query tiles; gpu_fwd_gqa_pack), every case with FLASHC_CUDA_GQA_PACK=1 so
+ *   that it packs wherever the kernel can: a sweep of G {2, 4, 8, 16} x Sq
+ *   {1, 2, 5, 16, 33, 100} x option {none, causal, window two-sided, window
+ *   left-only, window causal-local, softcap}, with D {64, 80, 128, 256},
+ *   dtype, Sk {< Sq, = Sq, > Sq: 37, 300 or 1000} and the lse returned or not
+ *   picked so every pair of values meets (36 cases); varlen and paged varlen
+ *   (pages of 16 and 256) with per-sequence lengths of 0 to 100 query and 0
+ *   to 1000 key rows (an empty query sequence and an empty key one), G x
+ *   option {none, causal, windows, softcap, no lse} with D {64, 100, 128,
+ *   256}, dtype, lengths, paging and seqused_k paired the same way (24
+ *   cases); odd groups (G = 3 and 6), D 100 and 192, misaligned q and out,
+ *   kvpacked K/V, a group that fills its tiles exactly or by one position
+ *   more; more packed tiles than SMs at D128 (the persistent kernel; causal
+ *   as pairs of tiles and as single tiles); and calls that cannot pack
+ *   (ALiBi, dropout, G = 3 or 6 at D128, the one-tile instances);
+ * - the pack in the launch log (gpu_fwd_gqa_pack_dispatch): by the rule,
+ *   pack=8 where packing halves the waves and pack=1 where it does not or Sq
+ *   is long; FLASHC_CUDA_GQA_PACK=0 never and =1 always where the kernel can
+ *   (batched and paged varlen), not with ALiBi nor at D64 (one-tile);
+ *   FLASHC_CUDA_FAMILY=sm90 and =sm80 run their families, which do not pack;
  * - the dropout mask bit for bit: with Sk <= D and V = identity, out[i][j] is
  *   0 exactly where element (i, j) was dropped, so the GPU's mask is read off
  *   its output and compared with the sign pattern of attn_probs from the
@@ -73,25 +94,31 @@ typedef struct {
     int64_t b, sq, sk, h, hk, d;
     gpu_opt opt;
     gpu_layout layout;
-    int variant; /* picks between two flavours of an option (window, alibi) */
+    int variant; /* picks a flavour of an option (window: 0 to 2, alibi: 0 or 1) */
     int misalign; /* bit 0: q one element past the buffer start; bit 1: out likewise */
+    int nolse;    /* no softmax_lse: only out is returned and checked */
+    int pack;     /* run with FLASHC_CUDA_GQA_PACK=1 (GQA packing wherever it can) */
 } gpu_case;
 
-#define GPU_MAX_CASES 256
+#define GPU_MAX_CASES 320
 static gpu_case gpu_cases[GPU_MAX_CASES];
 static int gpu_ncases;
+
+/* variant 0: a two-sided window; 1: causal with a left edge (local); 2: a
+ * left edge only (every key to the right seen) */
+static void gpu_window(flashc_params *p, int variant) {
+    static const int32_t edges[3][2] = {{41, 7}, {29, 0}, {23, -1}};
+    p->windowed = 1;
+    p->window_left = edges[variant][0];
+    p->window_right = edges[variant][1];
+}
 
 static flashc_params gpu_params(const gpu_case *c) {
     flashc_params p = flashc_params_default();
     p.softmax_scale = (float)(2.0 / sqrt((double)c->d)); /* peakier than the default */
     switch (c->opt) {
     case GO_CAUSAL: p.causal = 1; break;
-    case GO_WINDOW:
-        /* variant 0: a two-sided window; 1: causal with a left edge (local) */
-        p.windowed = 1;
-        p.window_left = c->variant ? 29 : 41;
-        p.window_right = c->variant ? 0 : 7;
-        break;
+    case GO_WINDOW: gpu_window(&p, c->variant); break;
     case GO_SOFTCAP:
         p.softcap = 5.0f;
         p.softmax_scale = (float)(6.0 / sqrt((double)c->d));
@@ -172,7 +199,7 @@ static void gpu_run_batched(const void *param) {
         x->k = gb_view(kb, dev, dt, k_off, 4, kshape, kstride);
         x->v = gb_view(vb, dev, dt, v_off, 4, kshape, kstride);
         x->out = gb_view(ob, dev, dt, o_off, 4, qshape, ostride);
-        x->softmax_lse = gb_view(lb, dev, FLASHC_DTYPE_FP32, 0, 3, lshape, lstride);
+        if (!c->nolse) x->softmax_lse = gb_view(lb, dev, FLASHC_DTYPE_FP32, 0, 3, lshape, lstride);
         if (ab) {
             /* variant 0: slopes [H] (the first row), 1: slopes [B, H] */
             x->alibi_slopes = c->variant ? gb_view(ab, dev, FLASHC_DTYPE_FP32, 0, 2, ashape, astride)
@@ -196,12 +223,22 @@ static void gpu_run_batched(const void *param) {
         GB_OK(fc_ref_fwd(&ha, &p, FC_REF_F64, r_out, r_lse, NULL));
         GB_OK(fc_ref_fwd(&ha, &p, FC_REF_LOWP, l_out, l_lse, NULL));
         fc_tensor_to_double(&ha.out, g_out);
-        fc_tensor_to_double(&ha.softmax_lse, g_lse);
         fc_check_close("out", dt, g_out, r_out, l_out, no);
-        fc_check_close("lse", dt, g_lse, r_lse, l_lse, nl);
+        if (!c->nolse) {
+            fc_tensor_to_double(&ha.softmax_lse, g_lse);
+            fc_check_close("lse", dt, g_lse, r_lse, l_lse, nl);
+        }
     }
 done:
     gb_free(&ar);
+}
+
+static void gpu_run_batched_case(const void *param) {
+    const gpu_case *c = (const gpu_case *)param;
+    gb_env env;
+    if (c->pack) gb_env_enter(&env, "FLASHC_CUDA_GQA_PACK", "1");
+    gpu_run_batched(param);
+    if (c->pack) gb_env_leave(&env);
 }
 
 static void gpu_add(const char *name, const gpu_case *c) {
@@ -210,7 +247,7 @@ static void gpu_add(const char *name, const gpu_case *c) {
         abort();
     }
     gpu_cases[gpu_ncases] = *c;
-    fc_test_add(name, gpu_run_batched, &gpu_cases[gpu_ncases]);
+    fc_test_add(name, gpu_run_batched_case, &gpu_cases[gpu_ncases]);
     gpu_ncases++;
 }
 
@@ -327,6 +364,14 @@ FC_TEST_REGISTER(gpu_fwd_pad) {
 
 // ---- varlen and paged ----
 
+#define GV_B 4
+
+/* The lengths of a varlen case's GV_B sequences: query rows, key rows and
+ * seqused_k (<= the key rows). */
+typedef struct {
+    int32_t lq[GV_B], lk[GV_B], used[GV_B];
+} gpu_varlen_lens;
+
 typedef struct {
     flashc_dtype dt;
     int64_t d, h, hk;
@@ -335,17 +380,26 @@ typedef struct {
     int page_size; /* 0 = not paged */
 } gpu_varlen_case;
 
+/* A varlen case with more options and lengths of its own. */
+typedef struct {
+    gpu_varlen_case v;
+    int window;    /* 0: none; 1 + gpu_window's variant */
+    float softcap;
+    int nolse;     /* no softmax_lse: only out is returned and checked */
+    const gpu_varlen_lens *lens; /* NULL: gv_lens */
+    int pack;      /* run with FLASHC_CUDA_GQA_PACK=1 */
+} gpu_varlen_xcase;
+
 static gpu_varlen_case gpu_vcases[24];
 static int gpu_nvcases;
 
 /* Sequence lengths: b = 1 has no query rows, b = 3 no keys. */
-#define GV_B 4
-static const int32_t gv_lq[GV_B] = {37, 0, 130, 5};
-static const int32_t gv_lk[GV_B] = {45, 9, 190, 0};
-static const int32_t gv_used[GV_B] = {40, 9, 77, 0};
+static const gpu_varlen_lens gv_lens = {
+    {37, 0, 130, 5}, {45, 9, 190, 0}, {40, 9, 77, 0}};
 
-static void gpu_run_varlen(const void *param) {
-    const gpu_varlen_case *c = (const gpu_varlen_case *)param;
+static void gpu_run_varlen_x(const void *param) {
+    const gpu_varlen_xcase *xc = (const gpu_varlen_xcase *)param;
+    const gpu_varlen_case *c = &xc->v;
     const flashc_dtype dt = c->dt;
     const int64_t H = c->h, Hk = c->hk, D = c->d;
     const size_t es = flashc_dtype_size(dt);
@@ -353,14 +407,21 @@ static void gpu_run_varlen(const void *param) {
     flashc_params p = flashc_params_default();
     p.causal = c->causal;
     p.softmax_scale = (float)(2.0 / sqrt((double)D));
+    if (xc->window) gpu_window(&p, xc->window - 1);
+    if (xc->softcap > 0.0f) {
+        p.softcap = xc->softcap;
+        p.softmax_scale = (float)(6.0 / sqrt((double)D));
+    }
+    const gpu_varlen_lens *lens = xc->lens ? xc->lens : &gv_lens;
+    const int32_t *lq = lens->lq, *lk = lens->lk, *used = lens->used;
 
     int32_t cuq[GV_B + 1] = {0}, cuk[GV_B + 1] = {0};
     int64_t max_q = 0, max_k = 0;
     for (int b = 0; b < GV_B; b++) {
-        cuq[b + 1] = cuq[b] + gv_lq[b];
-        cuk[b + 1] = cuk[b] + gv_lk[b];
-        if (gv_lq[b] > max_q) max_q = gv_lq[b];
-        if (gv_lk[b] > max_k) max_k = gv_lk[b];
+        cuq[b + 1] = cuq[b] + lq[b];
+        cuk[b + 1] = cuk[b] + lk[b];
+        if (lq[b] > max_q) max_q = lq[b];
+        if (lk[b] > max_k) max_k = lk[b];
     }
     const int64_t tq = cuq[GV_B], tk = cuk[GV_B];
     // paged: pages of page_size rows, shuffled, max_blocks per sequence
@@ -375,7 +436,7 @@ static void gpu_run_varlen(const void *param) {
     gb_buf *ob = gb_new(&ar, (size_t)(tq * H * D) * es);
     gb_buf *lb = gb_new(&ar, (size_t)(H * tq) * sizeof(float));
     gb_buf *cqb = gb_new(&ar, sizeof cuq), *ckb = gb_new(&ar, sizeof cuk);
-    gb_buf *ub = gb_new(&ar, sizeof gv_used);
+    gb_buf *ub = gb_new(&ar, GV_B * sizeof(int32_t));
     gb_buf *btb = ps ? gb_new(&ar, (size_t)(GV_B * max_blocks) * sizeof(int32_t)) : NULL;
     if (!qb || !kb || !vb || !ob || !lb || !cqb || !ckb || !ub || (ps && !btb)) goto done;
     gb_fill(qb, dt, -1.0, 1.0);
@@ -383,7 +444,7 @@ static void gpu_run_varlen(const void *param) {
     gb_fill(vb, dt, -1.0, 1.0);
     memcpy(cqb->h, cuq, sizeof cuq);
     memcpy(ckb->h, cuk, sizeof cuk);
-    memcpy(ub->h, gv_used, sizeof gv_used);
+    memcpy(ub->h, used, GV_B * sizeof(int32_t));
     if (btb) {
         /* a random permutation of the pages, so neighbours are far apart */
         int32_t *perm = (int32_t *)malloc((size_t)nblocks * sizeof(int32_t));
@@ -428,7 +489,7 @@ static void gpu_run_varlen(const void *param) {
         if (c->seqused) x->seqused_k = gb_view(ub, dev, FLASHC_DTYPE_INT32, 0, 1, ushape, one);
         x->max_seqlen_q = max_q;
         x->max_seqlen_k = max_k;
-        x->softmax_lse = gb_view(lb, dev, FLASHC_DTYPE_FP32, 0, 2, lshape, lstride);
+        if (!xc->nolse) x->softmax_lse = gb_view(lb, dev, FLASHC_DTYPE_FP32, 0, 2, lshape, lstride);
     }
 
     size_t ws_bytes = 0;
@@ -445,12 +506,29 @@ static void gpu_run_varlen(const void *param) {
         GB_OK(fc_ref_varlen_fwd(&ha, &p, FC_REF_F64, r_out, r_lse, NULL));
         GB_OK(fc_ref_varlen_fwd(&ha, &p, FC_REF_LOWP, l_out, l_lse, NULL));
         fc_tensor_to_double(&ha.out, g_out);
-        fc_tensor_to_double(&ha.softmax_lse, g_lse);
         fc_check_close("out", dt, g_out, r_out, l_out, no);
-        fc_check_close("lse", dt, g_lse, r_lse, l_lse, nl);
+        if (!xc->nolse) {
+            fc_tensor_to_double(&ha.softmax_lse, g_lse);
+            fc_check_close("lse", dt, g_lse, r_lse, l_lse, nl);
+        }
     }
 done:
     gb_free(&ar);
+}
+
+static void gpu_run_varlen_x_case(const void *param) {
+    const gpu_varlen_xcase *x = (const gpu_varlen_xcase *)param;
+    gb_env env;
+    if (x->pack) gb_env_enter(&env, "FLASHC_CUDA_GQA_PACK", "1");
+    gpu_run_varlen_x(param);
+    if (x->pack) gb_env_leave(&env);
+}
+
+static void gpu_run_varlen(const void *param) {
+    gpu_varlen_xcase x;
+    memset(&x, 0, sizeof x);
+    x.v = *(const gpu_varlen_case *)param;
+    gpu_run_varlen_x(&x);
 }
 
 static void gpu_add_varlen(const char *name, gpu_varlen_case c) {
@@ -481,6 +559,208 @@ FC_TEST_REGISTER(gpu_fwd_varlen) {
     /* D not a multiple of 8: repacked through the workspace */
     gpu_add_varlen("gpu_varlen_pad_fp16_d36_causal", (gpu_varlen_case){fp, 36, 3, 1, 1, 0, 0});
     gpu_add_varlen("gpu_paged_pad_bf16_d100_page3_seqused", (gpu_varlen_case){bf, 100, 2, 1, 0, 1, 3});
+}
+
+// ---- GQA packing (sm90ws) ----
+
+/* On sm90ws, fwd.cu packs the G = H / Hk query heads of one KV head into the
+ * rows of one query tile when Sq is short: packed row R of (b, hk) is query
+ * position R / G of head hk * G + R % G. It packs when G > 1, Br % G == 0 (Br:
+ * 192 rows at D <= 64, 128 from 65 to 256), there is no ALiBi and no dropout,
+ * and Sq / roundup(Sq, Br) < 0.9 * Sq G / roundup(Sq G, Br) (max_seqlen_q for
+ * varlen). These cases check the results like every other; most of them pack
+ * on sm90ws, those named "nopack" must not (the fallback), and on the other
+ * families they are plain GQA cases. */
+
+static const int64_t gp_groups[4] = {2, 4, 8, 16};
+static gpu_varlen_xcase gpu_xvcases[24];
+static int gpu_nxvcases;
+
+/* Query, key and seqused_k lengths of the varlen cases: each set has sequences
+ * with Sk < Sq, = Sq and > Sq, and 0 to 3 has an empty query sequence (3 an
+ * empty key one too); max_seqlen_q 1, 16, 33 and 100. */
+static const gpu_varlen_lens gp_vlens[4] = {
+    {{1, 0, 1, 1}, {300, 37, 1, 1000}, {250, 37, 1, 999}},
+    {{5, 0, 16, 2}, {37, 9, 1000, 1}, {30, 9, 600, 1}},
+    {{33, 16, 0, 20}, {33, 300, 5, 7}, {33, 100, 5, 3}},
+    {{100, 1, 60, 0}, {1000, 0, 60, 45}, {700, 0, 59, 45}},
+};
+
+/* B and Hk of a batched case with G = g: 2 and hk, fewer when the float64
+ * reference would take long (B H Sq Sk D over 2e8). */
+static void gpu_pack_size(gpu_case *c, int64_t g, int64_t hk) {
+    c->b = 2, c->hk = hk;
+    if (c->b * c->hk * g * c->sq * c->sk * c->d > 200000000) c->b = 1;
+    if (c->b * c->hk * g * c->sq * c->sk * c->d > 200000000) c->hk = 1;
+    c->h = g * c->hk;
+}
+
+/* One batched case of the table below. */
+typedef struct {
+    flashc_dtype dt;
+    int64_t b, sq, sk, h, hk, d;
+    gpu_opt opt;
+    int variant, misalign;
+    gpu_layout layout;
+    const char *name;
+} gpu_pack_row;
+
+#define BF FLASHC_DTYPE_BF16
+#define HF FLASHC_DTYPE_FP16
+static const gpu_pack_row gpu_pack_rows[] = {
+    // groups that do not divide 128 but divide the 192-row D64 tile
+    {BF, 2, 16, 300, 12, 2, 64, GO_CAUSAL, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqapack_bf16_d64_16x300_h12:2_causal"}, /* G 6: 32 positions a tile */
+    {HF, 2, 33, 33, 9, 3, 64, GO_NONE, 0, 0, GL_SEPARATE, "gpu_fwd_gqapack_fp16_d64_33x33_h9:3"},
+    {BF, 2, 70, 500, 6, 2, 64, GO_WINDOW, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqapack_bf16_d64_70x500_h6:2_window0"}, /* G 3: 210 rows, two tiles */
+    // the group fills its tiles exactly, or by one position more
+    {BF, 2, 17, 17, 16, 2, 128, GO_CAUSAL, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqapack_bf16_d128_17x17_h16:2_causal"}, /* 136 rows: 128 + 8 */
+    {HF, 2, 16, 129, 16, 2, 128, GO_WINDOW, 1, 0, GL_SEPARATE,
+     "gpu_fwd_gqapack_fp16_d128_16x129_h16:2_window1"}, /* 128 rows */
+    {BF, 1, 12, 1000, 32, 2, 64, GO_NONE, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqapack_bf16_d64_12x1000_h32:2"}, /* 192 rows */
+    {HF, 2, 13, 200, 32, 2, 64, GO_CAUSAL, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqapack_fp16_d64_13x200_h32:2_causal"}, /* 208 rows: 192 + 16 */
+    {HF, 2, 200, 200, 8, 2, 128, GO_CAUSAL, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqapack_fp16_d128_200x200_h8:2_causal"}, /* G 4: 800 rows, 7 tiles */
+    // other instances and operands
+    {BF, 2, 2, 1000, 32, 2, 192, GO_SOFTCAP, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqapack_bf16_d192_2x1000_h32:2_softcap"},
+    {HF, 2, 16, 300, 16, 2, 100, GO_CAUSAL, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqapack_fp16_d100_16x300_h16:2_causal"}, /* repacked through the workspace */
+    {BF, 2, 5, 37, 8, 2, 100, GO_WINDOW, 0, 3, GL_SEPARATE,
+     "gpu_fwd_gqapack_misaligned_qo_bf16_d100_5x37_h8:2_window0"},
+    {HF, 2, 7, 90, 16, 1, 256, GO_NONE, 0, 1, GL_SEPARATE,
+     "gpu_fwd_gqapack_misaligned_q_fp16_d256_7x90_h16:1"},
+    {BF, 2, 16, 300, 16, 2, 128, GO_CAUSAL, 0, 0, GL_KVPACKED,
+     "gpu_fwd_gqapack_kvpacked_bf16_d128_16x300_h16:2_causal"},
+    {HF, 2, 33, 1000, 8, 2, 64, GO_WINDOW, 2, 0, GL_KVPACKED,
+     "gpu_fwd_gqapack_kvpacked_fp16_d64_33x1000_h8:2_window2"},
+    // more packed tiles than SMs at D128 (the persistent kernel: CTAs walk several)
+    {BF, 8, 16, 1000, 64, 8, 128, GO_NONE, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqapack_many_bf16_d128_8x16x1000_h64:8"}, /* 64 tiles, 512 unpacked */
+    {HF, 16, 33, 200, 32, 8, 128, GO_WINDOW, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqapack_many_fp16_d128_16x33x200_h32:8_window0"}, /* 256 tiles */
+    {BF, 8, 33, 100, 128, 16, 128, GO_CAUSAL, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqapack_many_bf16_d128_8x33x100_h128:16_causal"}, /* 384 tiles, 256 items */
+    {HF, 8, 16, 100, 256, 16, 128, GO_SOFTCAP, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqapack_many_fp16_d128_8x16x100_h256:16_softcap"}, /* 256 tiles */
+    // GQA with a short Sq that must not pack
+    {BF, 2, 16, 300, 32, 4, 128, GO_ALIBI, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqa_nopack_bf16_d128_16x300_h32:4_alibi0"},
+    {HF, 2, 5, 1000, 16, 4, 64, GO_ALIBI, 1, 0, GL_SEPARATE,
+     "gpu_fwd_gqa_nopack_fp16_d64_5x1000_h16:4_alibi1"},
+    {HF, 2, 5, 300, 8, 2, 128, GO_DROPOUT, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqa_nopack_fp16_d128_5x300_h8:2_dropout"},
+    {BF, 2, 16, 37, 16, 2, 64, GO_DROPOUT, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqa_nopack_bf16_d64_16x37_h16:2_dropout"},
+    {BF, 2, 16, 300, 6, 2, 128, GO_CAUSAL, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqa_nopack_bf16_d128_16x300_h6:2_causal"}, /* G 3: 128 % 3 */
+    {HF, 2, 5, 37, 12, 2, 128, GO_WINDOW, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqa_nopack_fp16_d128_5x37_h12:2_window0"}, /* G 6: 128 % 6 */
+    {BF, 1, 128, 128, 16, 1, 128, GO_CAUSAL, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqa_nopack_bf16_d128_128x128_h16:1_causal"}, /* full tiles already */
+};
+#undef BF
+#undef HF
+
+FC_TEST_REGISTER(gpu_fwd_gqa_pack) {
+    static const flashc_dtype dts[2] = {FLASHC_DTYPE_BF16, FLASHC_DTYPE_FP16};
+    // ---- the batched sweep: Sq x option, with G, D, dtype, Sk and lse picked
+    // so that every pair of (G, Sq, option, D, dtype, Sk vs Sq, lse) values
+    // meets in some case ----
+    static const int64_t sqs[6] = {1, 2, 5, 16, 33, 100};
+    static const int64_t shorter[6] = {1, 1, 3, 7, 17, 37};
+    static const int64_t longer[3] = {37, 300, 1000};
+    static const int64_t dims[4] = {64, 80, 128, 256}; /* 80: zero-padded to 128 */
+    static const struct {
+        gpu_opt opt;
+        int variant;
+    } opts[6] = {{GO_NONE, 0},   {GO_CAUSAL, 0}, {GO_WINDOW, 0},
+                 {GO_WINDOW, 2}, {GO_WINDOW, 1}, {GO_SOFTCAP, 0}};
+    static const char *const wvariant[3] = {"0", "1", "2"};
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < 6; j++) {
+            const int64_t g = gp_groups[(i + j) % 4];
+            int rel = (i / 2 + j / 2 + 2) % 3; /* 0: Sk < Sq, 1: Sk = Sq, 2: Sk > Sq */
+            if (i == 0 && rel == 0) rel = 1;   /* Sq = 1 has no shorter Sk */
+            gpu_case c;
+            memset(&c, 0, sizeof c);
+            c.dt = dts[(j / 2 + i / 3) % 2];
+            c.d = dims[(i + 2 * j + j / 2) % 4];
+            c.sq = sqs[i];
+            c.sk = rel == 0 ? (j % 2 ? 1 : shorter[i]) : rel == 1 ? c.sq : longer[(i + j) % 3];
+            if (rel == 2 && c.sk <= c.sq) c.sk = 300;
+            c.opt = opts[j].opt;
+            c.variant = opts[j].variant;
+            c.nolse = (j + i / 3) % 2;
+            c.layout = GL_SEPARATE;
+            c.pack = 1;
+            gpu_pack_size(&c, g, 2 + (i + j) % 2);
+            char name[128];
+            snprintf(name, sizeof name, "gpu_fwd_gqapack_%s_d%lld_%lldx%lld_h%lld:%lld_%s%s%s",
+                     flashc_dtype_name(c.dt), (long long)c.d, (long long)c.sq, (long long)c.sk,
+                     (long long)c.h, (long long)c.hk, go_names[c.opt],
+                     c.opt == GO_WINDOW ? wvariant[c.variant] : "",
+                     c.nolse ? "_nolse" : "");
+            gpu_add(name, &c);
+        }
+
+    // ---- odd groups, tile edges, other instances and layouts, many tiles, no pack ----
+    for (size_t r = 0; r < sizeof gpu_pack_rows / sizeof gpu_pack_rows[0]; r++) {
+        const gpu_pack_row *m = &gpu_pack_rows[r];
+        gpu_case c;
+        memset(&c, 0, sizeof c);
+        c.dt = m->dt;
+        c.b = m->b, c.sq = m->sq, c.sk = m->sk, c.h = m->h, c.hk = m->hk, c.d = m->d;
+        c.opt = m->opt;
+        c.variant = m->variant;
+        c.misalign = m->misalign;
+        c.layout = m->layout;
+        c.pack = 1;
+        gpu_add(m->name, &c);
+    }
+
+    // ---- varlen and paged varlen: G x option, with D, dtype, lengths, paging
+    // and seqused_k picked so that every pair of values meets ----
+    static const int64_t vdims[4] = {64, 100, 128, 256}; /* 100: repacked */
+    static const int pages[3] = {0, 16, 256};
+    static const char *const vopts[6] = {"none", "causal", "window0", "window2", "softcap", "nolse"};
+    for (int o = 0; o < 6; o++)
+        for (int a = 0; a < 4; a++) {
+            if (gpu_nxvcases == (int)(sizeof gpu_xvcases / sizeof gpu_xvcases[0])) {
+                fprintf(stderr, "test_gpu_fwd: too many varlen pack cases\n");
+                abort();
+            }
+            gpu_varlen_xcase *x = &gpu_xvcases[gpu_nxvcases++];
+            gpu_varlen_case *v = &x->v;
+            memset(x, 0, sizeof *x);
+            const int li = (a + 2 * o + 3 * (o / 3)) % 4;
+            v->dt = dts[(a + o / 2) % 2];
+            v->d = vdims[(a + o) % 4];
+            v->page_size = pages[(a + 2 * o + 2 * (o / 3)) % 3];
+            v->seqused = (a + o / 2 + o / 3) % 2;
+            v->causal = o == 1;
+            x->lens = &gp_vlens[li];
+            x->window = o == 2 ? 1 : o == 3 ? 3 : 0; /* gpu_window's variants 0 and 2 */
+            x->softcap = o == 4 ? 5.0f : 0.0f;
+            x->nolse = o == 5;
+            x->pack = 1;
+            int64_t work = 0; /* sum of Sq Sk over the sequences */
+            for (int b = 0; b < GV_B; b++) work += (int64_t)gp_vlens[li].lq[b] * gp_vlens[li].lk[b];
+            v->hk = gp_groups[a] * 2 * work * v->d > 200000000 ? 1 : 2;
+            v->h = gp_groups[a] * v->hk;
+            char name[128];
+            int n = snprintf(name, sizeof name, "gpu_%s_gqapack_%s_d%lld_h%lld:%lld_lens%d_%s",
+                             v->page_size ? "paged" : "varlen", flashc_dtype_name(v->dt),
+                             (long long)v->d, (long long)v->h, (long long)v->hk, li, vopts[o]);
+            if (v->page_size)
+                n += snprintf(name + n, sizeof name - (size_t)n, "_page%d", v->page_size);
+            if (v->seqused) snprintf(name + n, sizeof name - (size_t)n, "_seqused");
+            fc_test_add(name, gpu_run_varlen_x_case, x);
+        }
 }
 
 // ---- the dropout mask, bit for bit ----
@@ -618,21 +898,25 @@ static void gpu_dispatch_call(void *ctx) {
     }
 }
 
-static void gpu_run_dispatch(const void *param) {
+/* A failure unless `want` is the one forward kernel named in the log. */
+static void gpu_check_kernel(const char *log, const char *family, const char *want) {
     static const char *const kernels[3] = {"sm80_fwd_kernel<", "sm90_fwd_kernel<",
                                            "sm90ws_fwd_kernel<"};
+    for (int k = 0; k < 3; k++)
+        if ((strstr(log, kernels[k]) != NULL) != (strcmp(kernels[k], want) == 0))
+            fc_test_fail(__FILE__, __LINE__, "FLASHC_CUDA_FAMILY=%s: %s \"%s\" in the log:\n%s",
+                         family, strcmp(kernels[k], want) == 0 ? "no" : "unexpected",
+                         kernels[k], log);
+}
+
+static void gpu_run_dispatch(const void *param) {
     const gpu_dispatch_case *c = (const gpu_dispatch_case *)param;
     gb_family fam;
     gb_family_enter(&fam, c->family);
     char *log = th_capture_log("1", gpu_dispatch_call, (void *)c);
     gb_family_leave(&fam);
     FC_ASSERT_TRUE(log != NULL);
-    const char *want = gb_device_is_sm90() ? c->kernel : kernels[0];
-    for (int k = 0; k < 3; k++)
-        if ((strstr(log, kernels[k]) != NULL) != (strcmp(kernels[k], want) == 0))
-            fc_test_fail(__FILE__, __LINE__, "FLASHC_CUDA_FAMILY=%s: %s \"%s\" in the log:\n%s",
-                         c->family, strcmp(kernels[k], want) == 0 ? "no" : "unexpected",
-                         kernels[k], log);
+    gpu_check_kernel(log, c->family, gb_device_is_sm90() ? c->kernel : "sm80_fwd_kernel<");
     free(log);
 }
 
@@ -651,4 +935,97 @@ FC_TEST_REGISTER(gpu_fwd_dispatch) {
         if (c->page) snprintf(name + strlen(name), sizeof name - strlen(name), "_page%d", c->page);
         fc_test_add(name, gpu_run_dispatch, c);
     }
+}
+
+// ---- the GQA pack in the launch log ----
+
+/* The sm90ws launch line says pack=G when the G query heads of a KV head share
+ * its query tiles, pack=1 when not: with FLASHC_CUDA_GQA_PACK unset, by
+ * fwd.cu's rule (packed tiles fill better and take fewer waves over the SMs),
+ * =1 wherever the kernel can (the persistent D128 instance, no ALiBi or
+ * dropout), =0 never. FLASHC_CUDA_FAMILY=sm90 and =sm80 run their own kernels
+ * (no packing), and so does any device but compute capability 9.0 (sm80
+ * there). The results are checked as in the sweeps. */
+typedef struct {
+    const char *family;  /* FLASHC_CUDA_FAMILY */
+    const char *kernel;  /* the kernel on compute capability 9.0 */
+    int want;            /* sm90ws's pack */
+    const char *packenv; /* FLASHC_CUDA_GQA_PACK, NULL: unset */
+    int varlen;          /* run v, else b */
+    gpu_case b;
+    gpu_varlen_xcase v;
+    const char *name;
+} gpu_pack_dispatch_case;
+
+static void gpu_pack_dispatch_call(void *ctx) {
+    const gpu_pack_dispatch_case *c = (const gpu_pack_dispatch_case *)ctx;
+    if (c->varlen) gpu_run_varlen_x(&c->v);
+    else gpu_run_batched(&c->b);
+}
+
+static void gpu_run_pack_dispatch(const void *param) {
+    const gpu_pack_dispatch_case *c = (const gpu_pack_dispatch_case *)param;
+    gb_family fam;
+    gb_env env;
+    gb_family_enter(&fam, c->family);
+    gb_env_enter(&env, "FLASHC_CUDA_GQA_PACK", c->packenv);
+    char *log = th_capture_log("1", gpu_pack_dispatch_call, (void *)c);
+    gb_env_leave(&env);
+    gb_family_leave(&fam);
+    FC_ASSERT_TRUE(log != NULL);
+    const int sm90 = gb_device_is_sm90();
+    gpu_check_kernel(log, c->family, sm90 ? c->kernel : "sm80_fwd_kernel<");
+    const char *at = strstr(log, "sm90ws_fwd_kernel<");
+    if (sm90 && at && strcmp(c->kernel, "sm90ws_fwd_kernel<") == 0) {
+        char line[512];
+        snprintf(line, sizeof line, "%.*s", (int)strcspn(at, "\n"), at);
+        const char *pack_at = strstr(line, " pack=");
+        if (!pack_at)
+            fc_test_fail(__FILE__, __LINE__, "no \" pack=\" in the launch line:\n%s", line);
+        else if (atoi(pack_at + 6) != c->want)
+            fc_test_fail(__FILE__, __LINE__, "want pack=%d in the launch line:\n%s", c->want,
+                         line);
+    }
+    free(log);
+}
+
+#define BF FLASHC_DTYPE_BF16
+#define HF FLASHC_DTYPE_FP16
+#define WS "sm90ws_fwd_kernel<"
+#define B_(DT, NB, SQ, SK, NH, NHK, HD, OPT) \
+    .b = {.dt = DT, .b = NB, .sq = SQ, .sk = SK, .h = NH, .hk = NHK, .d = HD, .opt = OPT}
+static const gpu_pack_dispatch_case gpu_pdcases[] = {
+    /* auto: 256 tiles of 16 rows (2 waves on 114-132 SMs) against 32 packed (1) */
+    {"auto", WS, 8, NULL, 0, B_(BF, 8, 16, 256, 32, 4, 128, GO_NONE),
+     .name = "gpu_fwd_dispatch_gqapack_auto_d128_8x16x256_h32:4_pack8"},
+    /* auto: 64 tiles against 32, one wave either way */
+    {"auto", WS, 1, NULL, 0, B_(BF, 1, 64, 512, 64, 8, 128, GO_NONE),
+     .name = "gpu_fwd_dispatch_gqapack_auto_d128_1x64x512_h64:8_pack1"},
+    {"auto", WS, 1, NULL, 0, B_(BF, 1, 2048, 64, 8, 1, 128, GO_NONE),
+     .name = "gpu_fwd_dispatch_gqapack_auto_d128_2048x64_h8:1_pack1"},
+    {"auto", WS, 1, "0", 0, B_(BF, 8, 16, 256, 32, 4, 128, GO_NONE),
+     .name = "gpu_fwd_dispatch_gqapack_never_d128_8x16x256_h32:4_pack1"},
+    {"auto", WS, 8, "1", 0, B_(BF, 2, 16, 512, 32, 4, 128, GO_NONE),
+     .name = "gpu_fwd_dispatch_gqapack_force_d128_16x512_h32:4_pack8"},
+    {"auto", WS, 1, "1", 0, B_(BF, 2, 16, 512, 32, 4, 128, GO_ALIBI),
+     .name = "gpu_fwd_dispatch_gqapack_force_d128_16x512_h32:4_alibi_pack1"},
+    {"auto", WS, 8, "1", 1,
+     .v = {.v = {.dt = BF, .d = 128, .h = 32, .hk = 4, .page_size = 16}, .lens = &gp_vlens[1]},
+     .name = "gpu_fwd_dispatch_gqapack_force_d128_paged16_h32:4_pack8"},
+    /* D64's instance is one-tile: it does not pack */
+    {"auto", WS, 1, "1", 0, B_(HF, 2, 16, 300, 12, 2, 64, GO_CAUSAL),
+     .name = "gpu_fwd_dispatch_gqapack_force_d64_16x300_h12:2_causal_pack1"},
+    {"sm90", "sm90_fwd_kernel<", 0, "1", 0, B_(BF, 2, 16, 512, 32, 4, 128, GO_NONE),
+     .name = "gpu_fwd_dispatch_gqapack_sm90_d128_16x512_h32:4"},
+    {"sm80", "sm80_fwd_kernel<", 0, "1", 0, B_(BF, 2, 16, 512, 32, 4, 128, GO_NONE),
+     .name = "gpu_fwd_dispatch_gqapack_sm80_d128_16x512_h32:4"},
+};
+#undef B_
+#undef BF
+#undef HF
+#undef WS
+
+FC_TEST_REGISTER(gpu_fwd_gqa_pack_dispatch) {
+    for (size_t i = 0; i < sizeof gpu_pdcases / sizeof gpu_pdcases[0]; i++)
+        fc_test_add(gpu_pdcases[i].name, gpu_run_pack_dispatch, &gpu_pdcases[i]);
 }

@@ -25,7 +25,14 @@
  * 100 (the long ones and the GQA groups past 128 packed rows take the forward
  * kernel); GQA ratios 1 to 16; num_splits 0 (heuristic, long caches split
  * across many CTAs), 1, 3, 7 and 200 (clamped); head dims 32 to 256, 80 (a
- * padded instance), 36 and a misaligned q (the forward kernel's repack).
+ * padded instance), 36 and a misaligned q (the forward kernel's repack);
+ * GQA groups of 4 to 16 past 128 packed rows (Sq 17 to 40) on the forward
+ * kernel, which on sm90ws packs the group's query heads into its query tiles:
+ * paged (pages of 16 and 256) and contiguous caches, cache_seqlens of 0 to 999
+ * per sequence, causal, windows, softcap, no lse, k_new appended (with rotary),
+ * leftpad and cache_batch_idx, head dims 64, 80, 128, 192 and 256, and ALiBi
+ * (which must not pack), run with FLASHC_CUDA_GQA_PACK=1 (packed wherever the
+ * kernel can, not only where the heuristic would).
  * `flashc_gpu_tests gpu_kvcache_bf16_d64` is the short set for
  * compute-sanitizer (contiguous, paged 1, 16 and 48, splits, append + rotary,
  * the forward route). Paged KV on flashc_varlen_fwd is tested in test_gpu_fwd.c.
@@ -70,6 +77,7 @@ typedef struct gk_case {
     int splits; /* params.num_splits */
     int nolse;
     int misalign; /* q and out one element past 16 bytes */
+    int pack;     /* run with FLASHC_CUDA_GQA_PACK=1 (sm90ws: GQA packing wherever it can) */
 } gk_case;
 
 // ---- the cache layout of a case ----
@@ -422,6 +430,28 @@ static const gk_case gk_cases[] = {
      .lp = {9, 100}, .batch_idx = 1, .causal = 1}, /* sm90ws: leftpad and batch idx, 3 consumers */
     {BF, 2, 0, 4, 2, 64, 50, 0, .seqlens = 2, .cs = {10, 20}, .Snew = 2, .rotary = 64,
      .interleaved = 1}, /* no query rows: only the append */
+
+    // GQA groups past 128 packed rows: the forward kernel, on sm90ws (D128) with
+    // the G query heads of a KV head packed into its query tiles (Sq G rows),
+    // FLASHC_CUDA_GQA_PACK=1 so that they pack whatever the waves
+    {BF, 3, 40, 16, 2, 128, 700, 16, .seqlens = 2, .cs = {1, 333, 650},
+     .causal = 1, .pack = 1}, /* G 8: 320 rows; 39 rows of b 0 see no key */
+    {HF, 2, 20, 32, 2, 128, 1024, 256, .seqlens = 2, .cs = {1000, 257}, .pack = 1}, /* G 16: 320 rows */
+    {BF, 2, 40, 8, 1, 64, 500, 16, .seqlens = 2, .cs = {100, 417}, .Snew = 40, .rotary = 64,
+     .causal = 1, .pack = 1}, /* G 8 on the 192-row D64 tile, k_new appended */
+    {HF, 4, 20, 16, 1, 256, 300, 0, .seqlens = 2, .cs = {0, 1, 150, 280}, .win = 1, .wl = 64,
+     .wr = -1, .pack = 1}, /* G 16, an empty cache */
+    {BF, 2, 17, 24, 3, 80, 200, 0, .seqlens = 2, .cs = {40, 150}, .leftpad = 1, .lp = {7, 2},
+     .batch_idx = 1, .Snew = 17, .rotary = 80, .interleaved = 1,
+     .causal = 1, .pack = 1}, /* G 8: 136 rows, 128 + 8 */
+    {HF, 2, 40, 16, 4, 128, 600, 256, .seqlens = 2, .cs = {255, 500}, .Snew = 8, .win = 1,
+     .wl = 100, .wr = 20, .nolse = 1, .pack = 1}, /* G 4: 160 rows */
+    {HF, 2, 33, 64, 4, 64, 1000, 16, .seqlens = 2, .cs = {999, 17}, .Snew = 1,
+     .softcap = 30.0f, .pack = 1}, /* G 16: 528 rows, three 192-row tiles */
+    {BF, 1, 20, 16, 1, 192, 300, 16, .seqlens = 1, .cs = {250},
+     .causal = 1, .pack = 1}, /* G 16 at D192: 96-key tiles of 6 pages */
+    {BF, 2, 40, 16, 2, 128, 400, 16, .seqlens = 2, .cs = {200, 390}, .alibi = 2,
+     .causal = 1, .pack = 1}, /* ALiBi: must not pack */
 };
 #undef BF
 #undef HF
@@ -457,10 +487,18 @@ static void gk_name(const gk_case *k, char *name, size_t n) {
 #undef GK_PUT
 }
 
+static void gk_run_case(const void *param) {
+    const gk_case *c = (const gk_case *)param;
+    gb_env env;
+    if (c->pack) gb_env_enter(&env, "FLASHC_CUDA_GQA_PACK", "1");
+    gk_run(param);
+    if (c->pack) gb_env_leave(&env);
+}
+
 FC_TEST_REGISTER(gpu_kvcache) {
     for (size_t i = 0; i < sizeof gk_cases / sizeof gk_cases[0]; i++) {
         char name[320];
         gk_name(&gk_cases[i], name, sizeof name);
-        fc_test_add(name, gk_run, &gk_cases[i]);
+        fc_test_add(name, gk_run_case, &gk_cases[i]);
     }
 }

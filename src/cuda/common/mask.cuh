@@ -56,6 +56,20 @@ struct fc_mask {
         return j0 + Bc > sk || hi(i0) < j0 + Bc || lo(i1) > j0;
     }
 
+    // Set the masked scores of row half hr of one 16-row tile's fragment to
+    // -inf: element (nt, 2hr + e) is query row i, key col0 + 8nt + e.
+    template <int NT>
+    __device__ __forceinline__ void apply_row(float (&s)[NT][4], int hr, int i, int col0) const {
+        const int l = lo(i) - col0, h = hi(i) - col0;  // in fragment columns
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int c = 8 * nt + e;
+                if (c < l || c >= h) s[nt][2 * hr + e] = -INFINITY;
+            }
+    }
+
     // Set the masked scores of a fragment to -inf. Thread element (mt, nt, 2hr + e)
     // is query row row0 + 16mt + 8hr, key col0 + 8nt + e.
     template <int MT, int NT>
@@ -63,17 +77,16 @@ struct fc_mask {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-                const int i = row0 + 16 * mt + 8 * hr;
-                const int l = lo(i) - col0, h = hi(i) - col0;  // in fragment columns
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int c = 8 * nt + e;
-                        if (c < l || c >= h) s[mt][nt][2 * hr + e] = -INFINITY;
-                    }
-            }
+            for (int hr = 0; hr < 2; ++hr) apply_row(s[mt], hr, row0 + 16 * mt + 8 * hr, col0);
+    }
+
+    // apply() for one 16-row tile whose two rows are query rows i0 (hr 0) and
+    // i1 (hr 1), not necessarily 8 apart (sm90ws GQA packing).
+    template <int NT>
+    __device__ __forceinline__ void apply_rows(float (&s)[1][NT][4], int i0, int i1,
+                                               int col0) const {
+        apply_row(s[0], 0, i0, col0);
+        apply_row(s[0], 1, i1, col0);
     }
 
     // ALiBi: x -= slope_x * |i + sk - sq - j| (slope_x = slope in units of x).

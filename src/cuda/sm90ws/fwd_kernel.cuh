@@ -25,6 +25,10 @@
 //              two buffers: the producer loads the next tile's Q and K, V
 //              while the consumers finish this one, and a buffer is free again
 //              once its epilogue has read O out of it (empty_q)
+//   GQA pack   (persistent instances, ws_params.h pack = G) the G query heads
+//              of a KV head share query tiles: short query sequences fill
+//              the tiles, and each K/V tile serves G heads (fwd.cu
+//              fc_sm90ws_pack says when)
 //
 // Operands are read through TMA descriptors (ws_params.h): batched and varlen
 // q, k, v, a cache through cache_batch_idx and cache_leftpad, and paged K/V
@@ -38,7 +42,7 @@
 // Not here yet: persistence at D64 (its three consumers at 160 registers
 // spill 3x as much in the tile loop) and at D192 / D256 (a second Q buffer
 // does not fit), a dynamic tile counter for varlen and windows, a TMA store
-// of O, GQA packing of short query sequences, a cp.async producer for pages
+// of O, GQA packing in the one-tile instances, a cp.async producer for pages
 // a TMA box cannot cover.
 #ifndef FLASHC_CUDA_SM90WS_FWD_KERNEL_CUH
 #define FLASHC_CUDA_SM90WS_FWD_KERNEL_CUH
@@ -74,7 +78,7 @@ enum { FC_WS_BAR_TAIL = 1, FC_WS_BAR_EPILOGUE = 2, FC_WS_BAR_TURN = FC_WS_BAR_EP
 struct fc_ws_tile {
     int m_block, h, b;
 };
-template <bool kCausal, bool kPersistent>
+template <bool kCausal, bool kPersistent, bool kPack>
 struct fc_ws_schedule {
     int64_t i;  // the item
     int j;      // its tile: 0, or 1 (a pair's second)
@@ -89,10 +93,13 @@ struct fc_ws_schedule {
             const int x = (int)blockIdx.x;
             return {kCausal ? (int)gridDim.x - 1 - x : x, (int)blockIdx.y, (int)blockIdx.z};
         }
-        const int M = P.m_blocks, H = P.f.heads;
+        const int M = P.m_blocks, H = kPack ? P.f.heads / P.pack : P.f.heads;
         int m;
         int64_t bh;
-        if (kCausal) {
+        if (kCausal && kPack && !P.pair) {  // single tiles, the longest of a head first
+            m = M - 1 - (int)(i % M);
+            bh = i / M;
+        } else if (kCausal) {
             const int pairs = (M + 1) / 2, k = (int)(i % pairs);
             m = j == 0 ? M - 1 - k : k;
             bh = i / pairs;
@@ -107,7 +114,7 @@ struct fc_ws_schedule {
             i = 1;
             return;
         }
-        if (kCausal && j == 0) {
+        if (kCausal && (!kPack || P.pair) && j == 0) {
             const int M = P.m_blocks, k = (int)(i % ((M + 1) / 2));
             if (M - 1 - k != k) {
                 j = 1;
@@ -119,15 +126,63 @@ struct fc_ws_schedule {
     }
 };
 
+// GQA packing (ws_params.h, P.pack = G > 1; the kPack instances of the
+// persistent kernels only: in the others even the G = 1 branches cost time,
+// 2-12% at D128, and registers the D64 consumers do not have): a tile of the
+// schedule's head h holds packed rows
+// m_block * Br .. of query heads h * G .. h * G + G - 1. fc_ws_tile_keys is
+// fc_fwd_tile_keys for both: hq is the tile's (first) query head; packed,
+// *seq is the sequence of head hq from query position m_block * Br / G on
+// (Br % G == 0, fwd.cu), and seq->rows counts the tile's valid packed rows.
+template <bool kCausal, int Br, int Bc, bool kPack>
+__device__ __forceinline__ int fc_ws_tile_keys(const fc_cuda_fwd_ws_params &P, int b, int hq,
+                                               int m_block, fc_fwd_seq *seq, int *n_lo,
+                                               int *n_hi) {
+    if (!kPack) return fc_fwd_tile_keys<kCausal, Br, Bc>(P.f, b, hq, m_block, seq, n_lo, n_hi);
+    const int G = P.pack, r0 = m_block * Br;
+    if (!seq->init(P.f, b, hq, r0 / G, Br)) return FC_TILE_PAST;
+    seq->rows = min(Br, seq->sq * G - r0);
+    const fc_mask<kCausal> mask(seq->sq, seq->sk, P.f.window_left, P.f.window_right);
+    return mask.template tiles<Bc>(seq->m0, seq->m0 + (seq->rows - 1) / G, n_lo, n_hi)
+               ? FC_TILE_WORK
+               : FC_TILE_EMPTY;
+}
+
+// Element offset of tile row r in an operand of row stride s_seq and head
+// stride s_head, from the tile's base (o_base, lse_base): packed, row r is
+// position r / G of head r % G.
+__device__ __forceinline__ int64_t fc_ws_row_offset(int G, int r, int64_t s_seq, int64_t s_head) {
+    return G == 1 ? (int64_t)r * s_seq : (int64_t)(r / G) * s_seq + (int64_t)(r % G) * s_head;
+}
+
+// out = 0 and lse = -inf for a tile whose rows see no key (fc_fwd_store_empty
+// through fc_ws_row_offset).
+template <typename T, int CH, int BR, int NTH>
+__device__ __forceinline__ void fc_ws_store_empty(const fc_cuda_fwd_params &p, int G,
+                                                  const fc_fwd_seq &seq, int tid) {
+    T *o = static_cast<T *>(p.o);
+    for (int idx = tid; idx < BR * CH; idx += NTH) {
+        const int r = idx / CH, ch = idx % CH;
+        if (r < seq.rows && ch * 8 < p.head_dim)
+            *reinterpret_cast<uint4 *>(o + seq.o_base + fc_ws_row_offset(G, r, p.o_s_seq, p.o_s_head) +
+                                       ch * 8) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    if (p.lse)
+        for (int r = tid; r < seq.rows; r += NTH)
+            p.lse[seq.lse_base + fc_ws_row_offset(G, r, p.lse_s_seq, p.lse_s_head)] = -INFINITY;
+}
+
 // Grid and order: fc_ws_schedule; block kThreads, dynamic smem kSmemBytes.
 // kCache: K/V rows through a cache's indirection (block_table, cache_batch_idx,
-// cache_leftpad); the other kernel's producer has none of that code.
-template <int D, typename T, bool kCausal, bool kCache>
+// cache_leftpad); the other kernel's producer has none of that code. kPack:
+// GQA packing (persistent instances only).
+template <int D, typename T, bool kCausal, bool kCache, bool kPack>
 __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
     sm90ws_fwd_kernel(const __grid_constant__ fc_cuda_fwd_ws_params P) {
     const fc_cuda_fwd_params &p = P.f;
     using Tr = fc_sm90ws_fwd_traits<D>;
-    using Sched = fc_ws_schedule<kCausal, Tr::kPersistent>;
+    static_assert(!kPack || Tr::kPersistent, "GQA packing: persistent instances");
+    using Sched = fc_ws_schedule<kCausal, Tr::kPersistent, kPack>;
     constexpr int Br = Tr::kBr, Bc = Tr::kBc, S = Tr::kStages, QB = Tr::kQBufs;
     constexpr int C = Tr::kConsumers, CT = 128 * C;  // consumer warpgroups, threads
     constexpr int DT = D / 8, KS = D / 16, PK = Bc / 16, CH = Tr::kChunks;
@@ -189,8 +244,9 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
         fc_setmaxnreg_dec<Tr::kProducerRegs>();
         if (kCache ? warp != 0 : tid != 0) return;
         const bool lead = !kCache || lane == 0;
-        // the loads of work tile u of the CTA (batch b, head h, sequence seq, key
-        // tiles [n_lo, n_hi)), its key tiles from ring position n0 on
+        // the loads of work tile u of the CTA (batch b, (first) query head h,
+        // sequence seq, key tiles [n_lo, n_hi)), its key tiles from ring position
+        // n0 on; packed, Q's box holds the G heads from h on
         auto produce = [&](const int b, const int h, const fc_fwd_seq &seq, const int n_lo,
                            const int n_hi, const int u, const int n0) {
             const int q_tok = seq.m0 + (p.cu_seqlens_q
@@ -258,10 +314,11 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
                 const fc_ws_tile w = sc.tile(P);
                 fc_fwd_seq seq;
                 int n_lo, n_hi;
-                if (fc_fwd_tile_keys<kCausal, Br, Bc>(p, w.b, w.h, w.m_block, &seq, &n_lo,
-                                                      &n_hi) != FC_TILE_WORK)
+                const int hq = kPack ? w.h * P.pack : w.h;
+                if (fc_ws_tile_keys<kCausal, Br, Bc, kPack>(P, w.b, hq, w.m_block, &seq, &n_lo,
+                                                            &n_hi) != FC_TILE_WORK)
                     continue;
-                produce(w.b, w.h, seq, n_lo, n_hi, u, n0);
+                produce(w.b, hq, seq, n_lo, n_hi, u, n0);
                 n0 += n_hi - n_lo;
                 ++u;
             }
@@ -297,8 +354,8 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
     };
     if (Tr::kPingPong && wg == C - 1) fc_bar_arrive(FC_WS_BAR_TURN, 256);
 
-    // work tile u of the CTA (batch b, head h, sequence seq, key tiles
-    // [n_lo, n_hi)), its key tiles from ring position n0 on
+    // work tile u of the CTA (batch b, (first) query head h, sequence seq, key
+    // tiles [n_lo, n_hi)), its key tiles from ring position n0 on
     auto consume = [&](const int b, const int h, const fc_fwd_seq &seq, const int n_lo,
                        const int n_hi, const int u, const int n0) {
         const int n_tiles = n_hi - n_lo;
@@ -319,6 +376,9 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
         uint32_t p_frag[PK][4];  // P(n - 1) as 16-bit A fragments
 
         const int row0 = m0 + wg * 64 + (warp & 3) * 16 + g;  // query row of element 0
+        // Packed (G > 1), tile row r is query position m0 + r / G (no ALiBi or
+        // dropout then).
+        const int G = kPack ? P.pack : 1;
         const float slope_x =
             p.alibi ? p.alibi[(int64_t)b * p.alibi_s_batch + h] * p.alibi_scale : 0.0f;
         const uint32_t bh = (uint32_t)b * (uint32_t)p.heads + (uint32_t)h;
@@ -377,8 +437,13 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
             const int col0 = j0 + 2 * t;  // key of this thread's element 0
             if (p.softcap_pre != 0.0f) fc_softcap(acc_s, p.softcap_pre);
             if (p.alibi) mask.alibi(acc_s, row0, col0, slope_x);
-            if (mask.template tile_partial<Bc>(m0, m0 + rows - 1, j0))
-                mask.apply(acc_s, row0, col0);
+            if constexpr (!kPack) {
+                if (mask.template tile_partial<Bc>(m0, m0 + rows - 1, j0))
+                    mask.apply(acc_s, row0, col0);
+            } else if (mask.template tile_partial<Bc>(m0, m0 + (rows - 1) / G, j0)) {
+                const int r = row0 - m0;
+                mask.apply_rows(acc_s, m0 + r / G, m0 + (r + 8) / G, col0);
+            }
             float alpha[1][2];
             sm.step(acc_s, p.score_scale_log2, alpha);
             if (p.dropout)
@@ -415,7 +480,8 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
                 fc_st_shared_b32(sQ + fc_sw128_offset(Br, r, dt) + t * 4,
                                  fc_pack2<T>(acc_o[0][dt][2 * hr] * inv,
                                              acc_o[0][dt][2 * hr + 1] * inv));
-            if (p.lse && t == 0 && r < rows) p.lse[seq.lse_base + (int64_t)r * p.lse_s_seq] = lse;
+            if (p.lse && t == 0 && r < rows)
+                p.lse[seq.lse_base + fc_ws_row_offset(G, r, p.lse_s_seq, p.lse_s_head)] = lse;
         }
         fc_bar_sync(FC_WS_BAR_EPILOGUE + wg, 128);
         const int wtid = tid & 127;
@@ -423,7 +489,7 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
         for (int c = 0; c < 64 * CH / 128; ++c) {
             const int idx = wtid + 128 * c, r = wg * 64 + idx / CH, ch = idx % CH;
             if (r < rows && ch * 8 < p.head_dim)
-                fc_st_global_v4(o + seq.o_base + (int64_t)r * p.o_s_seq + ch * 8,
+                fc_st_global_v4(o + seq.o_base + fc_ws_row_offset(G, r, p.o_s_seq, p.o_s_head) + ch * 8,
                                 fc_ld_shared_v4(sQ + fc_sw128_offset(Br, r, ch)));
         }
         if (Tr::kPersistent) {
@@ -438,11 +504,13 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
             const fc_ws_tile w = sc.tile(P);
             fc_fwd_seq seq;
             int n_lo, n_hi;
+            const int hq = kPack ? w.h * P.pack : w.h;
             const int kind =
-                fc_fwd_tile_keys<kCausal, Br, Bc>(p, w.b, w.h, w.m_block, &seq, &n_lo, &n_hi);
-            if (kind == FC_TILE_EMPTY) fc_fwd_store_empty<T, CH, Br, CT>(p, seq, tid - 128);
+                fc_ws_tile_keys<kCausal, Br, Bc, kPack>(P, w.b, hq, w.m_block, &seq, &n_lo, &n_hi);
+            if (kind == FC_TILE_EMPTY)
+                fc_ws_store_empty<T, CH, Br, CT>(p, kPack ? P.pack : 1, seq, tid - 128);
             if (kind != FC_TILE_WORK) continue;
-            consume(w.b, w.h, seq, n_lo, n_hi, u, n0);
+            consume(w.b, hq, seq, n_lo, n_hi, u, n0);
             n0 += n_hi - n_lo;
             ++u;
         }
@@ -451,23 +519,31 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
     }
 }
 
-template <int D, typename T, bool kCausal, bool kCache>
+template <int D, typename T, bool kCausal, bool kCache, bool kPack>
 cudaError_t sm90ws_fwd_launch_kernel(const fc_cuda_fwd_ws_params &p, dim3 grid,
                                      cudaStream_t stream) {
     using Tr = fc_sm90ws_fwd_traits<D>;
     static std::atomic<uint64_t> smem_set{0};  // bit d: the limit is raised on device d
-    return fc_launch_kernel(sm90ws_fwd_kernel<D, T, kCausal, kCache>, &smem_set, Tr::kSmemBytes,
-                            Tr::kThreads, grid, stream, p);
+    return fc_launch_kernel(sm90ws_fwd_kernel<D, T, kCausal, kCache, kPack>, &smem_set,
+                            Tr::kSmemBytes, Tr::kThreads, grid, stream, p);
 }
 
 // A cache's K/V runs a kernel of its own: with the paged producer's code in it,
 // ptxas allocates the consumers' registers differently, which measured 1-3%
-// slower at S = 1k (bench/NOTES.md, issue 18 run 29).
+// slower at S = 1k (bench/NOTES.md, issue 18 run 29). So does GQA packing
+// (p.pack > 1, persistent instances).
+template <int D, typename T, bool kCausal, bool kCache>
+cudaError_t sm90ws_fwd_launch_cache(const fc_cuda_fwd_ws_params &p, dim3 grid,
+                                    cudaStream_t stream) {
+    if constexpr (fc_sm90ws_fwd_traits<D>::kPersistent)
+        if (p.pack > 1) return sm90ws_fwd_launch_kernel<D, T, kCausal, kCache, true>(p, grid, stream);
+    return sm90ws_fwd_launch_kernel<D, T, kCausal, kCache, false>(p, grid, stream);
+}
 template <int D, typename T, bool kCausal>
 cudaError_t sm90ws_fwd_launch(const fc_cuda_fwd_ws_params &p, dim3 grid, cudaStream_t stream) {
     return p.f.block_table || p.f.k_batch_idx || p.f.k_leftpad
-               ? sm90ws_fwd_launch_kernel<D, T, kCausal, true>(p, grid, stream)
-               : sm90ws_fwd_launch_kernel<D, T, kCausal, false>(p, grid, stream);
+               ? sm90ws_fwd_launch_cache<D, T, kCausal, true>(p, grid, stream)
+               : sm90ws_fwd_launch_cache<D, T, kCausal, false>(p, grid, stream);
 }
 
 #endif  // FLASHC_CUDA_SM90WS_FWD_KERNEL_CUH
