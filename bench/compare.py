@@ -179,11 +179,12 @@ def sweep(args):
                     yield dn, DTYPES[dn], d, s, causal, h, b
 
 
-def fwd_operands(b, s, h, hk, d, dt):
-    """Random q [b, s, h, d] and k, v [b, s, hk, d] (drawn in that order), out like q,
-    lse [b, h, s] fp32, the [b, heads, s, d] views SDPA takes and its GQA keyword."""
+def fwd_operands(b, s, h, hk, d, dt, sk=None):
+    """Random q [b, s, h, d] and k, v [b, sk, hk, d] (sk defaults to s; drawn in that
+    order), out like q, lse [b, h, s] fp32, the [b, heads, rows, d] views SDPA takes and
+    its GQA keyword."""
     q = torch.randn(b, s, h, d, device="cuda", dtype=dt)
-    k, v = (torch.randn(b, s, hk, d, device="cuda", dtype=dt) for _ in range(2))
+    k, v = (torch.randn(b, s if sk is None else sk, hk, d, device="cuda", dtype=dt) for _ in range(2))
     out = torch.empty_like(q)
     lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
     views = tuple(x.transpose(1, 2) for x in (q, k, v))

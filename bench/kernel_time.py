@@ -5,7 +5,10 @@
         python3 bench/kernel_time.py --lib build/libflashc.so [--backend cudnn] \\
         --shapes 128,1024,1,16/16,16 --shapes 128,8192,0,64/8,2
 
-Each --shapes is D,S,causal,H/Hk,B (bf16 unless --dtype fp16). For each shape
+Each --shapes is D,S,causal,H/Hk,B (bf16 unless --dtype fp16); S may be Sq:Sk
+(a short query over long keys: GQA packing; SDPA's is_causal aligns such a
+mask top-left where flashc aligns it bottom-right, so compare cuDNN there
+without causal). For each shape
 three warm-up calls run, then one call between cudaProfilerStart and
 cudaProfilerStop, so ncu with --profile-from-start off sees exactly one kernel
 launch per shape (flashc's forward, or SDPA's cuDNN backend with --backend
@@ -33,15 +36,16 @@ def main():
     ap.add_argument("--lib", default=os.environ.get("FLASHC_LIBRARY", "build/libflashc.so"))
     ap.add_argument("--backend", default="flashc", choices=["flashc", "cudnn"])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
-    ap.add_argument("--shapes", action="append", required=True, help="D,S,causal,H/Hk,B")
+    ap.add_argument("--shapes", action="append", required=True, help="D,S,causal,H/Hk,B (S: Sq:Sk too)")
     args = ap.parse_args()
     fc = compare.Flashc(args.lib) if args.backend == "flashc" else None
     dt = torch.float16 if args.dtype == "fp16" else torch.bfloat16
     for sh in args.shapes:
         d, s, causal, heads, b = sh.split(",")
-        d, s, causal, b = int(d), int(s), int(causal), int(b)
+        sq, sk = (int(x) for x in s.split(":")) if ":" in s else (int(s), int(s))
+        d, causal, b = int(d), int(causal), int(b)
         h, hk = map(int, heads.split("/"))
-        q, k, v, out, lse, (qt, kt, vt), gqa = compare.fwd_operands(b, s, h, hk, d, dt)
+        q, k, v, out, lse, (qt, kt, vt), gqa = compare.fwd_operands(b, sq, h, hk, d, dt, sk)
 
         def run():
             if fc:
