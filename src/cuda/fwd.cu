@@ -132,10 +132,11 @@ static int fc_sm90ws_kv_box_rows(const fc_attn *a, int bc) {
 // the seven shapes of bench/NOTES.md issue 18 run 37: with as many waves,
 // packing measured 6-13% slower; 12 waves to 10 without causal, 6% slower;
 // with causal, 22% faster. FLASHC_CUDA_GQA_PACK=1 packs whenever it can (the
-// tests), =0 never. Returns G, or 1 (no packing).
+// tests), =0 never, any other value is the rule. Returns G, or 1 (no packing).
 static int fc_sm90ws_pack(const fc_attn *a, int br, bool persistent, bool causal, int sms) {
     const int64_t g = a->heads / a->kv_heads, sq = a->max_seqlen_q;
     if (!persistent || g <= 1 || br % g != 0 || a->alibi || a->dropout_p > 0.0f) return 1;
+    if (sq * g >= (int64_t)1 << 30) return 1;  // the kernel's packed rows are int
     const char *force = getenv("FLASHC_CUDA_GQA_PACK");
     if (force && strcmp(force, "1") == 0) return (int)g;
     if (force && strcmp(force, "0") == 0) return 1;

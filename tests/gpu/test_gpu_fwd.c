@@ -27,26 +27,32 @@
  * - which family ran, from the launch log: sm90ws (paged K/V included), sm90
  *   (FLASHC_CUDA_FAMILY=sm90, pages of 3 rows) and sm80 (=sm80, D <= 32) on
  *   compute capability 9.0;
- * - GQA packing (sm90ws D128: the G = H / Hk query heads of one KV head share
- *   query tiles; gpu_fwd_gqa_pack), every case with FLASHC_CUDA_GQA_PACK=1 so
+ * - GQA packing (sm90ws: the G = H / Hk query heads of one KV head share
+ *   query tiles; only the persistent D128 instance packs, so of the cases
+ *   below those with head dims 65..128 pack and the others run the unpacked
+ *   GQA path; gpu_fwd_gqa_pack), every case with FLASHC_CUDA_GQA_PACK=1 so
  *   that it packs wherever the kernel can: a sweep of G {2, 4, 8, 16} x Sq
  *   {1, 2, 5, 16, 33, 100} x option {none, causal, window two-sided, window
  *   left-only, window causal-local, softcap}, with D {64, 80, 128, 256},
  *   dtype, Sk {< Sq, = Sq, > Sq: 37, 300 or 1000} and the lse returned or not
- *   picked so every pair of values meets (36 cases); varlen and paged varlen
- *   (pages of 16 and 256) with per-sequence lengths of 0 to 100 query and 0
- *   to 1000 key rows (an empty query sequence and an empty key one), G x
- *   option {none, causal, windows, softcap, no lse} with D {64, 100, 128,
- *   256}, dtype, lengths, paging and seqused_k paired the same way (24
- *   cases); odd groups (G = 3 and 6), D 100 and 192, misaligned q and out,
- *   kvpacked K/V, a group that fills its tiles exactly or by one position
- *   more; more packed tiles than SMs at D128 (the persistent kernel; causal
- *   as pairs of tiles and as single tiles); and calls that cannot pack
- *   (ALiBi, dropout, G = 3 or 6 at D128, the one-tile instances);
+ *   picked so every pair of values meets over all 36 cases (not over the
+ *   packed half alone); varlen and paged varlen (pages of 16 and 256) with
+ *   per-sequence lengths of 0 to 100 query and 0 to 1000 key rows (an empty
+ *   query sequence and an empty key one), G x option {none, causal, windows,
+ *   softcap, no lse} with D {64, 100, 128, 256}, dtype, lengths, paging and
+ *   seqused_k paired the same way (24 cases); odd groups (G = 3 and 6), MQA
+ *   groups of 32, 64 and 128 (a position's rows fill a fragment or more), D
+ *   96, 100 and 192, misaligned q and out, kvpacked K/V, a group that fills
+ *   its tiles exactly or by one position more; more packed tiles than SMs at
+ *   D128 (the persistent kernel; causal as pairs of tiles, with and without
+ *   a window, and as single tiles); and calls that cannot pack (ALiBi,
+ *   dropout, G = 3 or 6 at D128, the one-tile instances);
  * - the pack in the launch log (gpu_fwd_gqa_pack_dispatch): by the rule,
  *   pack=8 where packing halves the waves and pack=1 where it does not or Sq
  *   is long; FLASHC_CUDA_GQA_PACK=0 never and =1 always where the kernel can
- *   (batched and paged varlen), not with ALiBi nor at D64 (one-tile);
+ *   (batched and paged varlen), not with ALiBi nor at D64 (one-tile); packed
+ *   causal items are single tiles (pairs=0) when pairs of tiles cannot fill
+ *   the SMs, pairs (pairs=1) when they can;
  *   FLASHC_CUDA_FAMILY=sm90 and =sm80 run their families, which do not pack;
  * - the dropout mask bit for bit: with Sk <= D and V = identity, out[i][j] is
  *   0 exactly where element (i, j) was dropped, so the GPU's mask is read off
@@ -97,10 +103,11 @@ typedef struct {
     int variant; /* picks a flavour of an option (window: 0 to 2, alibi: 0 or 1) */
     int misalign; /* bit 0: q one element past the buffer start; bit 1: out likewise */
     int nolse;    /* no softmax_lse: only out is returned and checked */
-    int pack;     /* run with FLASHC_CUDA_GQA_PACK=1 (GQA packing wherever it can) */
+    int pack;     /* FLASHC_CUDA_GQA_PACK for the case: 1 "1" (GQA packing wherever it can),
+                     -1 "0" (never), 0 unset (fwd.cu's rule) */
 } gpu_case;
 
-#define GPU_MAX_CASES 320
+#define GPU_MAX_CASES 384
 static gpu_case gpu_cases[GPU_MAX_CASES];
 static int gpu_ncases;
 
@@ -236,7 +243,7 @@ done:
 static void gpu_run_batched_case(const void *param) {
     const gpu_case *c = (const gpu_case *)param;
     gb_env env;
-    if (c->pack) gb_env_enter(&env, "FLASHC_CUDA_GQA_PACK", "1");
+    if (c->pack) gb_env_enter(&env, "FLASHC_CUDA_GQA_PACK", c->pack > 0 ? "1" : "0");
     gpu_run_batched(param);
     if (c->pack) gb_env_leave(&env);
 }
@@ -288,7 +295,9 @@ FC_TEST_REGISTER(gpu_fwd_sweep) {
  * sm90ws kernel (D128) runs one CTA per SM, so each CTA works several tiles,
  * uses both Q buffers and the second time waits for one to be freed, and runs
  * its K/V ring on across tiles. Causal items are pairs of tiles (M - 1 - k, k),
- * one a single tile when M is odd; Sq < Sk, GQA and a window shift the work. */
+ * one a single tile when M is odd; Sq < Sk, GQA and a window shift the work.
+ * FLASHC_CUDA_GQA_PACK=0: the GQA cases stay unpacked whatever the device's SM
+ * count makes of the packing rule (gpu_fwd_gqa_pack has the packed ones). */
 FC_TEST_REGISTER(gpu_fwd_many_tiles) {
     static const struct {
         flashc_dtype dt;
@@ -308,6 +317,7 @@ FC_TEST_REGISTER(gpu_fwd_many_tiles) {
         c.b = m[i].b, c.sq = m[i].sq, c.sk = m[i].sk, c.h = m[i].h, c.hk = m[i].hk, c.d = 128;
         c.opt = m[i].opt;
         c.layout = GL_SEPARATE;
+        c.pack = -1;
         gpu_add(m[i].name, &c);
     }
 }
@@ -565,12 +575,13 @@ FC_TEST_REGISTER(gpu_fwd_varlen) {
 
 /* On sm90ws, fwd.cu packs the G = H / Hk query heads of one KV head into the
  * rows of one query tile when Sq is short: packed row R of (b, hk) is query
- * position R / G of head hk * G + R % G. It packs when G > 1, Br % G == 0 (Br:
- * 192 rows at D <= 64, 128 from 65 to 256), there is no ALiBi and no dropout,
- * and Sq / roundup(Sq, Br) < 0.9 * Sq G / roundup(Sq G, Br) (max_seqlen_q for
- * varlen). These cases check the results like every other; most of them pack
- * on sm90ws, those named "nopack" must not (the fallback), and on the other
- * families they are plain GQA cases. */
+ * position R / G of head hk * G + R % G. With FLASHC_CUDA_GQA_PACK=1 (every case
+ * here) it packs wherever the kernel can: the persistent instance (head dims
+ * 65..128, Br 128), Br % G == 0, no ALiBi and no dropout. These cases check the
+ * results like every other: on sm90ws the D128-instance ones pack, the others
+ * (D64, D192, D256, "nopack") run the unpacked GQA path, and on the other
+ * families all are plain GQA cases. The D64 ones with G = 3 or 6 would fit
+ * the 192-row D64 tile, should that instance pack one day. */
 
 static const int64_t gp_groups[4] = {2, 4, 8, 16};
 static gpu_varlen_xcase gpu_xvcases[24];
@@ -608,7 +619,7 @@ typedef struct {
 #define BF FLASHC_DTYPE_BF16
 #define HF FLASHC_DTYPE_FP16
 static const gpu_pack_row gpu_pack_rows[] = {
-    // groups that do not divide 128 but divide the 192-row D64 tile
+    // groups that do not divide 128 but divide the 192-row D64 tile (unpacked today)
     {BF, 2, 16, 300, 12, 2, 64, GO_CAUSAL, 0, 0, GL_SEPARATE,
      "gpu_fwd_gqapack_bf16_d64_16x300_h12:2_causal"}, /* G 6: 32 positions a tile */
     {HF, 2, 33, 33, 9, 3, 64, GO_NONE, 0, 0, GL_SEPARATE, "gpu_fwd_gqapack_fp16_d64_33x33_h9:3"},
@@ -647,6 +658,17 @@ static const gpu_pack_row gpu_pack_rows[] = {
      "gpu_fwd_gqapack_many_bf16_d128_8x33x100_h128:16_causal"}, /* 384 tiles, 256 items */
     {HF, 8, 16, 100, 256, 16, 128, GO_SOFTCAP, 0, 0, GL_SEPARATE,
      "gpu_fwd_gqapack_many_fp16_d128_8x16x100_h256:16_softcap"}, /* 256 tiles */
+    {HF, 8, 33, 100, 128, 16, 128, GO_WINDOW, 1, 0, GL_SEPARATE,
+     "gpu_fwd_gqapack_many_fp16_d128_8x33x100_h128:16_window1"}, /* causal-local: 256 pairs */
+    // MQA-sized groups: one position holds 32 to 128 rows, a Q box 4 to 1 rows deep
+    {BF, 2, 17, 300, 32, 1, 128, GO_CAUSAL, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqapack_mqa_bf16_d128_17x300_h32:1_causal"},
+    {HF, 2, 5, 200, 64, 1, 128, GO_WINDOW, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqapack_mqa_fp16_d128_5x200_h64:1_window0"},
+    {BF, 1, 3, 150, 128, 1, 96, GO_SOFTCAP, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqapack_mqa_bf16_d96_3x150_h128:1_softcap"},
+    {HF, 3, 2, 2, 128, 2, 128, GO_CAUSAL, 0, 0, GL_SEPARATE,
+     "gpu_fwd_gqapack_mqa_fp16_d128_2x2_h128:2_causal"}, /* G 64 */
     // GQA with a short Sq that must not pack
     {BF, 2, 16, 300, 32, 4, 128, GO_ALIBI, 0, 0, GL_SEPARATE,
      "gpu_fwd_gqa_nopack_bf16_d128_16x300_h32:4_alibi0"},
@@ -951,6 +973,7 @@ typedef struct {
     const char *kernel;  /* the kernel on compute capability 9.0 */
     int want;            /* sm90ws's pack */
     const char *packenv; /* FLASHC_CUDA_GQA_PACK, NULL: unset */
+    int want_pairs;      /* sm90ws's pairs= (causal items as pairs of tiles); -1: unchecked */
     int varlen;          /* run v, else b */
     gpu_case b;
     gpu_varlen_xcase v;
@@ -985,6 +1008,10 @@ static void gpu_run_pack_dispatch(const void *param) {
         else if (atoi(pack_at + 6) != c->want)
             fc_test_fail(__FILE__, __LINE__, "want pack=%d in the launch line:\n%s", c->want,
                          line);
+        const char *pairs_at = strstr(line, " pairs=");
+        if (c->want_pairs >= 0 && (!pairs_at || atoi(pairs_at + 7) != c->want_pairs))
+            fc_test_fail(__FILE__, __LINE__, "want pairs=%d in the launch line:\n%s",
+                         c->want_pairs, line);
     }
     free(log);
 }
@@ -996,28 +1023,33 @@ static void gpu_run_pack_dispatch(const void *param) {
     .b = {.dt = DT, .b = NB, .sq = SQ, .sk = SK, .h = NH, .hk = NHK, .d = HD, .opt = OPT}
 static const gpu_pack_dispatch_case gpu_pdcases[] = {
     /* auto: 256 tiles of 16 rows (2 waves on 114-132 SMs) against 32 packed (1) */
-    {"auto", WS, 8, NULL, 0, B_(BF, 8, 16, 256, 32, 4, 128, GO_NONE),
+    {"auto", WS, 8, NULL, -1, 0, B_(BF, 8, 16, 256, 32, 4, 128, GO_NONE),
      .name = "gpu_fwd_dispatch_gqapack_auto_d128_8x16x256_h32:4_pack8"},
     /* auto: 64 tiles against 32, one wave either way */
-    {"auto", WS, 1, NULL, 0, B_(BF, 1, 64, 512, 64, 8, 128, GO_NONE),
+    {"auto", WS, 1, NULL, -1, 0, B_(BF, 1, 64, 512, 64, 8, 128, GO_NONE),
      .name = "gpu_fwd_dispatch_gqapack_auto_d128_1x64x512_h64:8_pack1"},
-    {"auto", WS, 1, NULL, 0, B_(BF, 1, 2048, 64, 8, 1, 128, GO_NONE),
+    {"auto", WS, 1, NULL, -1, 0, B_(BF, 1, 2048, 64, 8, 1, 128, GO_NONE),
      .name = "gpu_fwd_dispatch_gqapack_auto_d128_2048x64_h8:1_pack1"},
-    {"auto", WS, 1, "0", 0, B_(BF, 8, 16, 256, 32, 4, 128, GO_NONE),
+    {"auto", WS, 1, "0", -1, 0, B_(BF, 8, 16, 256, 32, 4, 128, GO_NONE),
      .name = "gpu_fwd_dispatch_gqapack_never_d128_8x16x256_h32:4_pack1"},
-    {"auto", WS, 8, "1", 0, B_(BF, 2, 16, 512, 32, 4, 128, GO_NONE),
+    {"auto", WS, 8, "1", -1, 0, B_(BF, 2, 16, 512, 32, 4, 128, GO_NONE),
      .name = "gpu_fwd_dispatch_gqapack_force_d128_16x512_h32:4_pack8"},
-    {"auto", WS, 1, "1", 0, B_(BF, 2, 16, 512, 32, 4, 128, GO_ALIBI),
+    {"auto", WS, 1, "1", -1, 0, B_(BF, 2, 16, 512, 32, 4, 128, GO_ALIBI),
      .name = "gpu_fwd_dispatch_gqapack_force_d128_16x512_h32:4_alibi_pack1"},
-    {"auto", WS, 8, "1", 1,
+    {"auto", WS, 8, "1", -1, 1,
      .v = {.v = {.dt = BF, .d = 128, .h = 32, .hk = 4, .page_size = 16}, .lens = &gp_vlens[1]},
      .name = "gpu_fwd_dispatch_gqapack_force_d128_paged16_h32:4_pack8"},
+    /* causal, packed: 8 pairs cannot fill the SMs (single tiles); 256 can */
+    {"auto", WS, 8, "1", 0, 0, B_(BF, 2, 16, 512, 32, 4, 128, GO_CAUSAL),
+     .name = "gpu_fwd_dispatch_gqapack_force_d128_16x512_h32:4_causal_pack8_pairs0"},
+    {"auto", WS, 8, "1", 1, 0, B_(HF, 8, 33, 100, 128, 16, 128, GO_CAUSAL),
+     .name = "gpu_fwd_dispatch_gqapack_force_d128_8x33x100_h128:16_causal_pack8_pairs1"},
     /* D64's instance is one-tile: it does not pack */
-    {"auto", WS, 1, "1", 0, B_(HF, 2, 16, 300, 12, 2, 64, GO_CAUSAL),
+    {"auto", WS, 1, "1", -1, 0, B_(HF, 2, 16, 300, 12, 2, 64, GO_CAUSAL),
      .name = "gpu_fwd_dispatch_gqapack_force_d64_16x300_h12:2_causal_pack1"},
-    {"sm90", "sm90_fwd_kernel<", 0, "1", 0, B_(BF, 2, 16, 512, 32, 4, 128, GO_NONE),
+    {"sm90", "sm90_fwd_kernel<", 0, "1", -1, 0, B_(BF, 2, 16, 512, 32, 4, 128, GO_NONE),
      .name = "gpu_fwd_dispatch_gqapack_sm90_d128_16x512_h32:4"},
-    {"sm80", "sm80_fwd_kernel<", 0, "1", 0, B_(BF, 2, 16, 512, 32, 4, 128, GO_NONE),
+    {"sm80", "sm80_fwd_kernel<", 0, "1", -1, 0, B_(BF, 2, 16, 512, 32, 4, 128, GO_NONE),
      .name = "gpu_fwd_dispatch_gqapack_sm80_d128_16x512_h32:4"},
 };
 #undef B_

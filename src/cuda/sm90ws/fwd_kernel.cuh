@@ -74,7 +74,9 @@ enum { FC_WS_BAR_TAIL = 1, FC_WS_BAR_EPILOGUE = 2, FC_WS_BAR_TURN = FC_WS_BAR_EP
 //     CTAs at work at one time share one head's K and V in L2. With causal,
 //     item i is the pair of tiles M - 1 - k and k of head-batch i / P (k = i %
 //     P, P = ceil(M / 2)): a pair's key tiles sum to about M + 1 whatever k,
-//     so the static round robin stays balanced without a tile counter.
+//     so the static round robin stays balanced without a tile counter; packed
+//     (kPack) with too few pairs to fill the SMs (P.pair 0), item i is tile
+//     M - 1 - i % M of head-batch i / M. Packed, the heads are the KV heads.
 struct fc_ws_tile {
     int m_block, h, b;
 };
