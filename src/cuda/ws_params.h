@@ -28,10 +28,10 @@
 typedef struct fc_cuda_fwd_ws_params {
     fc_cuda_fwd_params f;
     CUtensorMap tma_q, tma_k, tma_v;
-    int32_t pack;
-    int32_t pair;
     int32_t m_blocks;
     int64_t items;
+    int32_t pack;  // after the others: the unpacked kernels read them at 246e0f6's offsets
+    int32_t pair;
 } fc_cuda_fwd_ws_params;
 
 #endif  // FLASHC_CUDA_WS_PARAMS_H
