@@ -76,6 +76,20 @@ __device__ __forceinline__ void fc_wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
+// acc = A B^T over 16 KS columns of K-major operands (a: A's descriptor, its
+// tile a_rows rows; b likewise, N of its rows in this wgmma), k16 step ks
+// reading column block ks / 4 of each (fc_kmajor_step); one commit group. The
+// caller fences before it and waits after.
+template <int N, typename T, int KS>
+__device__ __forceinline__ void fc_wgmma_abt(float (&acc)[N / 2], uint64_t a, int a_rows,
+                                             uint64_t b, int b_rows) {
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+        fc_wgmma_ss<N, T>(acc, fc_wgmma_desc_add(a, fc_kmajor_step(a_rows, ks)),
+                          fc_wgmma_desc_add(b, fc_kmajor_step(b_rows, ks)), ks > 0);
+    fc_wgmma_commit();
+}
+
 // Pin registers an in-flight wgmma reads or writes to this point of the
 // program: the compiler neither reads the accumulators early nor reuses the A
 // fragment's registers before the wait that precedes this call.

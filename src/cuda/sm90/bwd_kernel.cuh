@@ -241,11 +241,7 @@ struct fc_sm90_bwd_cta {
     // ---- stage: S^T = K Q^T, dP^T = V dO^T ----
     // acc = A B^T over D (A: 64 key rows, B: SN query rows), one commit group.
     __device__ __forceinline__ static void gemm_kd(float (&acc)[SN / 2], uint64_t a, uint64_t bq) {
-#pragma unroll
-        for (int ks = 0; ks < KS; ++ks)
-            fc_wgmma_ss<SN, T>(acc, fc_wgmma_desc_add(a, fc_kmajor_step(Bc, ks)),
-                               fc_wgmma_desc_add(bq, fc_kmajor_step(Br, ks)), ks > 0);
-        fc_wgmma_commit();
+        fc_wgmma_abt<SN, T, KS>(acc, a, Bc, bq, Br);
     }
 
     // Issues S^T (the older group), then dP^T; waits for neither.

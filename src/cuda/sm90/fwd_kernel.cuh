@@ -170,14 +170,8 @@ __global__ void __launch_bounds__(fc_sm90_fwd_traits<D>::kThreads,
         float acc_s[1][NT][4];
         float(&s_regs)[Bc / 2] = *reinterpret_cast<float(*)[Bc / 2]>(&acc_s[0][0][0]);
         fc_wgmma_fence();
-        {
-            const uint64_t kd = fc_wgmma_desc_add(k_desc, (uint32_t)(it % S) * TILE);
-#pragma unroll
-            for (int ks = 0; ks < KS; ++ks)
-                fc_wgmma_ss<Bc, T>(s_regs, fc_wgmma_desc_add(q_desc, fc_kmajor_step(Br, ks)),
-                                   fc_wgmma_desc_add(kd, fc_kmajor_step(Bc, ks)), ks > 0);
-            fc_wgmma_commit();
-        }
+        fc_wgmma_abt<Bc, T, KS>(s_regs, q_desc, Br,
+                                fc_wgmma_desc_add(k_desc, (uint32_t)(it % S) * TILE), Bc);
         if (it > 0) {
             issue_pv(it - 1);
             fc_wgmma_wait<1>();  // S(it) done; O += P V(it - 1) may still run
