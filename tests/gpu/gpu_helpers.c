@@ -130,6 +130,13 @@ void gb_env_leave(const gb_env *e) {
     else unsetenv(e->name);
 }
 
+void gb_with_env(const char *name, const char *value, void (*fn)(const void *), const void *param) {
+    gb_env e;
+    if (value) gb_env_enter(&e, name, value);
+    fn(param);
+    if (value) gb_env_leave(&e);
+}
+
 int gb_device_is_sm90(void) {
     int dev = 0, major = 0, minor = 0;
     return cudaGetDevice(&dev) == cudaSuccess &&

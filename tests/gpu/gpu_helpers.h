@@ -78,6 +78,8 @@ typedef struct {
 } gb_env;
 void gb_env_enter(gb_env *e, const char *name, const char *value);
 void gb_env_leave(const gb_env *e);
+/* fn(param) with `name` set to `value` meanwhile (NULL: left as it is). */
+void gb_with_env(const char *name, const char *value, void (*fn)(const void *), const void *param);
 
 /* 1 when the current device has compute capability 9.0 (the sm90 families run). */
 int gb_device_is_sm90(void);

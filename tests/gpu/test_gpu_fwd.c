@@ -242,10 +242,8 @@ done:
 
 static void gpu_run_batched_case(const void *param) {
     const gpu_case *c = (const gpu_case *)param;
-    gb_env env;
-    if (c->pack) gb_env_enter(&env, "FLASHC_CUDA_GQA_PACK", c->pack > 0 ? "1" : "0");
-    gpu_run_batched(param);
-    if (c->pack) gb_env_leave(&env);
+    gb_with_env("FLASHC_CUDA_GQA_PACK", c->pack > 0 ? "1" : c->pack < 0 ? "0" : NULL,
+                gpu_run_batched, param);
 }
 
 static void gpu_add(const char *name, const gpu_case *c) {
@@ -528,10 +526,7 @@ done:
 
 static void gpu_run_varlen_x_case(const void *param) {
     const gpu_varlen_xcase *x = (const gpu_varlen_xcase *)param;
-    gb_env env;
-    if (x->pack) gb_env_enter(&env, "FLASHC_CUDA_GQA_PACK", "1");
-    gpu_run_varlen_x(param);
-    if (x->pack) gb_env_leave(&env);
+    gb_with_env("FLASHC_CUDA_GQA_PACK", x->pack ? "1" : NULL, gpu_run_varlen_x, param);
 }
 
 static void gpu_run_varlen(const void *param) {

@@ -490,10 +490,7 @@ static void gk_name(const gk_case *k, char *name, size_t n) {
 
 static void gk_run_case(const void *param) {
     const gk_case *c = (const gk_case *)param;
-    gb_env env;
-    if (c->pack) gb_env_enter(&env, "FLASHC_CUDA_GQA_PACK", "1");
-    gk_run(param);
-    if (c->pack) gb_env_leave(&env);
+    gb_with_env("FLASHC_CUDA_GQA_PACK", c->pack ? "1" : NULL, gk_run, param);
 }
 
 FC_TEST_REGISTER(gpu_kvcache) {
