@@ -1,6 +1,8 @@
 /* run.c : the test runner. Runs every registered case (or those whose name
- * contains the first argument), each with its own random seed, and prints
- * "N passed, N failed" last. `flashc_tests -l` lists the cases. */
+ * contains one of the arguments), each with its own random seed, and prints
+ * "N passed, N failed" last. `flashc_tests -l` lists the cases.
+ * FLASHC_TEST_SHARD=k/n runs every n-th selected case from the k-th (0 <= k < n),
+ * so that n processes run one selection between them. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -134,14 +136,22 @@ int main(int argc, char **argv) {
         if (strcmp(argv[i], "-l") == 0) list = 1;
         else filters[nfilters++] = argv[i];
     }
+    int shard = 0, nshards = 1;
+    const char *shard_env = getenv("FLASHC_TEST_SHARD");
+    if (shard_env && (sscanf(shard_env, "%d/%d", &shard, &nshards) != 2 || nshards < 1 ||
+                      shard < 0 || shard >= nshards)) {
+        fprintf(stderr, "FLASHC_TEST_SHARD=%s: want k/n with 0 <= k < n\n", shard_env);
+        return 2;
+    }
     const char *skip = list ? NULL : fc_test_skip_reason();
     if (skip) {
         printf("skipped: %s\n", skip);
         return 77;
     }
-    int passed = 0, failed = 0;
+    int passed = 0, failed = 0, nselected = 0;
     for (int c = 0; c < fc_ncases; c++) {
         if (!fc_selected(fc_cases[c].name, filters, nfilters)) continue;
+        if (nselected++ % nshards != shard) continue;
         if (list) {
             printf("%s\n", fc_cases[c].name);
             continue;
