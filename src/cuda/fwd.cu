@@ -123,8 +123,9 @@ static int fc_sm90ws_kv_box_rows(const fc_attn *a, int bc) {
 // GQA packing (ws_params.h): the G = heads / kv_heads query heads of a KV head
 // share query tiles. It can when the instance is persistent (the one-tile
 // kernels have no kPack instance), Br % G == 0 (a tile starts at a query
-// position) and there is no ALiBi or dropout (their per-row head). It does
-// (FLASHC_CUDA_GQA_PACK unset or "auto") when it fills the tiles better, a
+// position; Br is a power of two, so G is one too: the kernel shifts by
+// pack_shift = log2 G) and there is no ALiBi or dropout (their per-row head).
+// It does (FLASHC_CUDA_GQA_PACK unset or "auto") when it fills the tiles better, a
 // head's own tiles holding Sq / round_up(Sq, Br) of their rows below 0.9 of
 // the packed tiles' Sq G / round_up(Sq G, Br) (FA3's rule; Sq is
 // max_seqlen_q for varlen), and it also takes fewer waves of tiles over the
@@ -137,6 +138,7 @@ static int fc_sm90ws_pack(const fc_attn *a, int br, bool persistent, bool causal
     const int64_t g = a->heads / a->kv_heads, sq = a->max_seqlen_q;
     if (!persistent || g <= 1 || br % g != 0 || a->alibi || a->dropout_p > 0.0f) return 1;
     if (sq * g >= (int64_t)1 << 30) return 1;  // the kernel's packed rows are int
+    if (g & (g - 1)) return 1;                   // the kernel shifts by log2(G)
     const char *force = getenv("FLASHC_CUDA_GQA_PACK");
     if (force && strcmp(force, "1") == 0) return (int)g;
     if (force && strcmp(force, "0") == 0) return 1;
@@ -299,6 +301,7 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
         bool persistent;
         fc_sm90ws_tiles(plan.dim, &br, &bc, &persistent);
         wp.pack = fc_sm90ws_pack(a, br, persistent, plan.causal, plan.sms);
+        wp.pack_shift = __builtin_ctz((unsigned)wp.pack);  // a power of two
         const int kv_rows = fc_sm90ws_kv_box_rows(a, bc);
         if (!fc_cuda_tma_map(&wp.tma_q, packed.q, pk.dims[FC_PACK_Q], pk.dp, wp.pack,
                              br / wp.pack) ||

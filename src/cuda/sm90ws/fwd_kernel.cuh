@@ -141,37 +141,38 @@ __device__ __forceinline__ int fc_ws_tile_keys(const fc_cuda_fwd_ws_params &P, i
                                                int m_block, fc_fwd_seq *seq, int *n_lo,
                                                int *n_hi) {
     if (!kPack) return fc_fwd_tile_keys<kCausal, Br, Bc>(P.f, b, hq, m_block, seq, n_lo, n_hi);
-    const int G = P.pack, r0 = m_block * Br;
-    if (!seq->init(P.f, b, hq, r0 / G, Br)) return FC_TILE_PAST;
+    const int G = P.pack, sh = P.pack_shift, r0 = m_block * Br;  // G = 2^sh
+    if (!seq->init(P.f, b, hq, r0 >> sh, Br)) return FC_TILE_PAST;
     seq->rows = min(Br, seq->sq * G - r0);
     const fc_mask<kCausal> mask(seq->sq, seq->sk, P.f.window_left, P.f.window_right);
-    return mask.template tiles<Bc>(seq->m0, seq->m0 + (seq->rows - 1) / G, n_lo, n_hi)
+    return mask.template tiles<Bc>(seq->m0, seq->m0 + ((seq->rows - 1) >> sh), n_lo, n_hi)
                ? FC_TILE_WORK
                : FC_TILE_EMPTY;
 }
 
 // Element offset of tile row r in an operand of row stride s_seq and head
 // stride s_head, from the tile's base (o_base, lse_base): packed, row r is
-// position r / G of head r % G.
-__device__ __forceinline__ int64_t fc_ws_row_offset(int G, int r, int64_t s_seq, int64_t s_head) {
-    return G == 1 ? (int64_t)r * s_seq : (int64_t)(r / G) * s_seq + (int64_t)(r % G) * s_head;
+// position r / G of head r % G (G = 2^sh: Br % G == 0 and Br is a power of two).
+__device__ __forceinline__ int64_t fc_ws_row_offset(int sh, int r, int64_t s_seq,
+                                                    int64_t s_head) {
+    return (int64_t)(r >> sh) * s_seq + (int64_t)(r & ((1 << sh) - 1)) * s_head;
 }
 
 // out = 0 and lse = -inf for a tile whose rows see no key (fc_fwd_store_empty
 // through fc_ws_row_offset).
 template <typename T, int CH, int BR, int NTH>
-__device__ __forceinline__ void fc_ws_store_empty(const fc_cuda_fwd_params &p, int G,
+__device__ __forceinline__ void fc_ws_store_empty(const fc_cuda_fwd_params &p, int sh,
                                                   const fc_fwd_seq &seq, int tid) {
     T *o = static_cast<T *>(p.o);
     for (int idx = tid; idx < BR * CH; idx += NTH) {
         const int r = idx / CH, ch = idx % CH;
         if (r < seq.rows && ch * 8 < p.head_dim)
-            *reinterpret_cast<uint4 *>(o + seq.o_base + fc_ws_row_offset(G, r, p.o_s_seq, p.o_s_head) +
+            *reinterpret_cast<uint4 *>(o + seq.o_base + fc_ws_row_offset(sh, r, p.o_s_seq, p.o_s_head) +
                                        ch * 8) = make_uint4(0u, 0u, 0u, 0u);
     }
     if (p.lse)
         for (int r = tid; r < seq.rows; r += NTH)
-            p.lse[seq.lse_base + fc_ws_row_offset(G, r, p.lse_s_seq, p.lse_s_head)] = -INFINITY;
+            p.lse[seq.lse_base + fc_ws_row_offset(sh, r, p.lse_s_seq, p.lse_s_head)] = -INFINITY;
 }
 
 // Grid and order: fc_ws_schedule; block kThreads, dynamic smem kSmemBytes.
@@ -380,7 +381,7 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
         const int row0 = m0 + wg * 64 + (warp & 3) * 16 + g;  // query row of element 0
         // Packed (G > 1), tile row r is query position m0 + r / G (no ALiBi or
         // dropout then).
-        const int G = kPack ? P.pack : 1;
+        const int sh = kPack ? P.pack_shift : 0;  // G = 2^sh
         const float slope_x =
             p.alibi ? p.alibi[(int64_t)b * p.alibi_s_batch + h] * p.alibi_scale : 0.0f;
         const uint32_t bh = (uint32_t)b * (uint32_t)p.heads + (uint32_t)h;
@@ -436,9 +437,9 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
             if constexpr (!kPack) {
                 if (mask.template tile_partial<Bc>(m0, m0 + rows - 1, j0))
                     mask.apply(acc_s, row0, col0);
-            } else if (mask.template tile_partial<Bc>(m0, m0 + (rows - 1) / G, j0)) {
+            } else if (mask.template tile_partial<Bc>(m0, m0 + ((rows - 1) >> sh), j0)) {
                 const int r = row0 - m0;
-                mask.apply_rows(acc_s, m0 + r / G, m0 + (r + 8) / G, col0);
+                mask.apply_rows(acc_s, m0 + (r >> sh), m0 + ((r + 8) >> sh), col0);
             }
             float alpha[1][2];
             sm.step(acc_s, p.score_scale_log2, alpha);
@@ -477,7 +478,7 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
                                  fc_pack2<T>(acc_o[0][dt][2 * hr] * inv,
                                              acc_o[0][dt][2 * hr + 1] * inv));
             if (p.lse && t == 0 && r < rows)
-                p.lse[seq.lse_base + fc_ws_row_offset(G, r, p.lse_s_seq, p.lse_s_head)] = lse;
+                p.lse[seq.lse_base + fc_ws_row_offset(sh, r, p.lse_s_seq, p.lse_s_head)] = lse;
         }
         fc_bar_sync(FC_WS_BAR_EPILOGUE + wg, 128);
         const int wtid = tid & 127;
@@ -485,7 +486,7 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
         for (int c = 0; c < 64 * CH / 128; ++c) {
             const int idx = wtid + 128 * c, r = wg * 64 + idx / CH, ch = idx % CH;
             if (r < rows && ch * 8 < p.head_dim)
-                fc_st_global_v4(o + seq.o_base + fc_ws_row_offset(G, r, p.o_s_seq, p.o_s_head) + ch * 8,
+                fc_st_global_v4(o + seq.o_base + fc_ws_row_offset(sh, r, p.o_s_seq, p.o_s_head) + ch * 8,
                                 fc_ld_shared_v4(sQ + fc_sw128_offset(Br, r, ch)));
         }
         if (Tr::kPersistent) {
@@ -504,7 +505,7 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
             const int kind =
                 fc_ws_tile_keys<kCausal, Br, Bc, kPack>(P, w.b, hq, w.m_block, &seq, &n_lo, &n_hi);
             if (kind == FC_TILE_EMPTY)
-                fc_ws_store_empty<T, CH, Br, CT>(p, kPack ? P.pack : 1, seq, tid - 128);
+                fc_ws_store_empty<T, CH, Br, CT>(p, kPack ? P.pack_shift : 0, seq, tid - 128);
             if (kind != FC_TILE_WORK) continue;
             consume(w.b, hq, seq, n_lo, n_hi, u, n0);
             n0 += n_hi - n_lo;
