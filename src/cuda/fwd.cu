@@ -129,12 +129,12 @@ static int fc_sm90ws_kv_box_rows(const fc_attn *a, int bc) {
 // head's own tiles holding Sq / round_up(Sq, Br) of their rows below 0.9 of
 // the packed tiles' Sq G / round_up(Sq G, Br) (FA3's rule; Sq is
 // max_seqlen_q for varlen), and it also takes fewer waves of tiles over the
-// SMs, two thirds or fewer of them without causal. The waves part is fitted to
-// the seven shapes of bench/NOTES.md issue 18 run 37: with as many waves,
-// packing measured 6-13% slower; 12 waves to 10 without causal, 6% slower;
-// with causal, 22% faster. FLASHC_CUDA_GQA_PACK=1 packs whenever it can (the
-// tests), =0 never, any other value is the rule. Returns G, or 1 (no packing).
-static int fc_sm90ws_pack(const fc_attn *a, int br, bool persistent, bool causal, int sms) {
+// SMs. The waves part is fitted to the twelve shapes of bench/NOTES.md issue 18
+// run 42: with as many waves, packing measured 1-6% slower (2% faster once);
+// with fewer, 13-58% faster, causal or not. FLASHC_CUDA_GQA_PACK=1 packs
+// whenever it can (the tests), =0 never, any other value is the rule. Returns
+// G, or 1 (no packing).
+static int fc_sm90ws_pack(const fc_attn *a, int br, bool persistent, int sms) {
     const int64_t g = a->heads / a->kv_heads, sq = a->max_seqlen_q;
     if (!persistent || g <= 1 || br % g != 0 || a->alibi || a->dropout_p > 0.0f) return 1;
     if (sq * g >= (int64_t)1 << 30) return 1;  // the kernel's packed rows are int
@@ -149,8 +149,7 @@ static int fc_sm90ws_pack(const fc_attn *a, int br, bool persistent, bool causal
     const auto waves = [&](int64_t rows, int64_t heads) {
         return ((rows + br - 1) / br * heads * a->batch + sms - 1) / sms;
     };
-    const int64_t w1 = waves(sq, a->heads), wg = waves(sq * g, a->kv_heads);
-    const bool fewer = causal ? wg < w1 : 3 * wg <= 2 * w1;
+    const bool fewer = waves(sq * g, a->kv_heads) < waves(sq, a->heads);
     return fill(sq) < 0.9 * fill(sq * g) && fewer ? (int)g : 1;
 }
 
@@ -300,7 +299,7 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
         int br, bc;
         bool persistent;
         fc_sm90ws_tiles(plan.dim, &br, &bc, &persistent);
-        wp.pack = fc_sm90ws_pack(a, br, persistent, plan.causal, plan.sms);
+        wp.pack = fc_sm90ws_pack(a, br, persistent, plan.sms);
         wp.pack_shift = __builtin_ctz((unsigned)wp.pack);  // a power of two
         const int kv_rows = fc_sm90ws_kv_box_rows(a, bc);
         if (!fc_cuda_tma_map(&wp.tma_q, packed.q, pk.dims[FC_PACK_Q], pk.dp, wp.pack,

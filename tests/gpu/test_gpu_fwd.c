@@ -48,8 +48,8 @@
  *   a window, and as single tiles); and calls that cannot pack (ALiBi,
  *   dropout, G = 3 or 6 at D128, the one-tile instances);
  * - the pack in the launch log (gpu_fwd_gqa_pack_dispatch): by the rule,
- *   pack=8 where packing halves the waves and pack=1 where it does not or Sq
- *   is long; FLASHC_CUDA_GQA_PACK=0 never and =1 always where the kernel can
+ *   pack=8 where packing halves the waves, pack=4 where it cuts them from 4
+ *   to 3, and pack=1 where it does not cut them or Sq is long; FLASHC_CUDA_GQA_PACK=0 never and =1 always where the kernel can
  *   (batched and paged varlen), not with ALiBi nor at D64 (one-tile); packed
  *   causal items are single tiles (pairs=0) when pairs of tiles cannot fill
  *   the SMs, pairs (pairs=1) when they can;
@@ -1025,6 +1025,10 @@ static const gpu_pack_dispatch_case gpu_pdcases[] = {
      .name = "gpu_fwd_dispatch_gqapack_auto_d128_1x64x512_h64:8_pack1"},
     {"auto", WS, 1, NULL, -1, 0, B_(BF, 1, 2048, 64, 8, 1, 128, GO_NONE),
      .name = "gpu_fwd_dispatch_gqapack_auto_d128_2048x64_h8:1_pack1"},
+    /* auto: 512 tiles (4 waves on 132 SMs, 5 on 114) against 384 packed (3, 4):
+     * fewer waves, though more than two thirds of them */
+    {"auto", WS, 4, NULL, -1, 0, B_(BF, 16, 80, 64, 32, 8, 128, GO_NONE),
+     .name = "gpu_fwd_dispatch_gqapack_auto_d128_16x80x64_h32:8_pack4"},
     {"auto", WS, 1, "0", -1, 0, B_(BF, 8, 16, 256, 32, 4, 128, GO_NONE),
      .name = "gpu_fwd_dispatch_gqapack_never_d128_8x16x256_h32:4_pack1"},
     {"auto", WS, 8, "1", -1, 0, B_(BF, 2, 16, 512, 32, 4, 128, GO_NONE),
