@@ -9,6 +9,7 @@
  *                          and peak memory (bench.c), and with --check the error
  *                          against the float64 reference with PASS/FAIL by
  *                          DEVELOPERS.md's rule (check.c)
+ *   flashc --version       "flashc MAJOR.MINOR.PATCH", the library's version
  *
  * cli.h lists the files. The program uses the library through its public header
  * alone; the reference check comes from the flashc_support library (tests/support/).
@@ -62,13 +63,14 @@ static const char fc_usage_text[] =
     "  --csv-header              print the CSV header line first (implies --csv)\n"
     "\n"
     "  -h, --help                this text\n"
+    "  --version                 the library's version\n"
     "\n"
     "FLOPs are flash-attention's: 4*B*H*Sq*Sk*D for the forward, halved when causal,\n"
     "counting the visible (i, j) pairs exactly with --window; backward 2.5x, fwdbwd 3.5x.\n"
     "On CUDA the L2 is flushed before each timed run, and runs are timed by CUDA events.\n"
     "Exit status: 0 ok, 1 the library, CUDA or the check failed, 2 bad usage.\n";
 
-typedef enum { FC_PARSE_OK, FC_PARSE_HELP, FC_PARSE_ERROR } fc_parse_result;
+typedef enum { FC_PARSE_OK, FC_PARSE_HELP, FC_PARSE_VERSION, FC_PARSE_ERROR } fc_parse_result;
 
 /* Print "flashc: <message>" and the usage line on stderr. */
 __attribute__((format(printf, 1, 2))) static fc_parse_result fc_usage_error(const char *fmt, ...) {
@@ -131,6 +133,7 @@ static fc_parse_result fc_parse(int argc, char **argv, fc_opts *o) {
     if (argc < 2) return fc_usage_error("no command given");
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) return FC_PARSE_HELP;
+    if (strcmp(argv[1], "--version") == 0) return FC_PARSE_VERSION;
     o->command = argv[1];
     if (strcmp(o->command, "help") == 0) return FC_PARSE_HELP;
     if (strcmp(o->command, "info") != 0 && strcmp(o->command, "bench") != 0)
@@ -207,6 +210,7 @@ int main(int argc, char **argv) {
     fc_opts o;
     switch (fc_parse(argc, argv, &o)) {
     case FC_PARSE_HELP: fputs(fc_usage_text, stdout); return 0;
+    case FC_PARSE_VERSION: printf("flashc %s\n", flashc_version()); return 0;
     case FC_PARSE_ERROR: return 2;
     case FC_PARSE_OK: break;
     }
