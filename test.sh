@@ -2,9 +2,12 @@
 # test.sh : build flashc and run its tests (the command README.md names and CI runs).
 # Installs what it needs on a fresh Debian/Ubuntu machine, builds the library with
 # the CUDA backend compiled when nvcc is present (compile only: the GPU tests need a
-# GPU), rebuilds with ASan + UBSan and runs the CPU test suite there, runs the Python
-# package's tests (pytest, in a venv with PyPI's torch that scripts/venv.sh makes once
-# in .venv) against the Release library, and ends with the C suite in Release.
+# GPU), installs that build into a temporary prefix and builds and runs a small
+# program against it (tests/install/run.sh: CMake's find_package and pkg-config,
+# shared and static), rebuilds with ASan + UBSan and runs the CPU test suite
+# there, runs the Python package's tests (pytest, in a venv with PyPI's torch that
+# scripts/venv.sh makes once in .venv) against the Release library, and ends with
+# the C suite in Release.
 # First it checks that the files and functions docs/ names exist (tools/check_docs.py)
 # and that the generated CUDA sources are what the generators make from the tuning
 # tables now (tools/gen_instances.py --check, tools/gen_wgmma.py --check).
@@ -23,6 +26,9 @@ python3 tools/gen_wgmma.py --check
 echo "== build (Release) =="
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$jobs"
+
+echo "== install: cmake --install build, a program built against it (find_package, pkg-config) =="
+bash tests/install/run.sh build
 
 echo "== build (ASan + UBSan, CPU only) =="
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHC_SANITIZE=ON -DFLASHC_CUDA=OFF
