@@ -9,6 +9,9 @@ ABI: only data pointers, shapes and strides cross into C.
 The library is found, in this order: the path in $FLASHC_LIBRARY; libflashc.so
 installed next to this file (by `pip install .`); build/libflashc.so of the source
 tree this package sits in (python/flashc -> ../../build), for PYTHONPATH=python.
+It must have this package's ABI version and be its release (VERSION), or
+ImportError says which it is; $FLASHC_ALLOW_VERSION_MISMATCH=1 lets another
+release of the same ABI version through.
 """
 import ctypes
 import os
@@ -38,6 +41,10 @@ class Tensor(ctypes.Structure):
 # FLASHC_ABI_VERSION of the flashc.h these structs mirror: the library rejects args
 # of any other version, and _load refuses a library of another one.
 ABI_VERSION = 3
+# The flashc release this package is (pyproject.toml's version, flashc.h's
+# FLASHC_VERSION_*): _load refuses a library of another release unless
+# $FLASHC_ALLOW_VERSION_MISMATCH is 1.
+VERSION = "0.3.0"
 
 
 class Params(ctypes.Structure):
@@ -144,18 +151,31 @@ def _load():
     lib.flashc_backend_available.restype = ctypes.c_int
     lib.flashc_backend_available.argtypes = [ctypes.c_int]
     lib.flashc_version_number.restype = ctypes.c_uint
-    # the structs above are ABI_VERSION's layout: a library of another version (or
-    # one from before flashc_abi_version, flashc 0.3) would misread them
     abi = None
     if hasattr(lib, "flashc_abi_version"):
         lib.flashc_abi_version.restype = ctypes.c_uint
         abi = lib.flashc_abi_version()
-    if abi != ABI_VERSION:
-        raise ImportError("flashc: %s is libflashc %s with ABI version %s, but this package "
-                          "needs ABI version %d: rebuild the library from this package's source "
-                          "tree" % (path, lib.flashc_version().decode(),
-                                    "unknown (before 0.3)" if abi is None else abi, ABI_VERSION))
+    refusal = _refusal(path, lib.flashc_version().decode(), abi,
+                       os.environ.get("FLASHC_ALLOW_VERSION_MISMATCH") == "1")
+    if refusal:
+        raise ImportError(refusal)
     return lib
+
+
+def _refusal(path, version, abi, allow_mismatch):
+    """Why this package must not use the library at `path` (libflashc `version`, ABI
+    version `abi`, None before flashc 0.3), or None. Another ABI version is always
+    refused (the structs above would be misread); another release only unless
+    allow_mismatch ($FLASHC_ALLOW_VERSION_MISMATCH=1)."""
+    if abi != ABI_VERSION:
+        return ("flashc: %s is libflashc %s with ABI version %s, but this package needs ABI "
+                "version %d: rebuild the library from this package's source tree" %
+                (path, version, "unknown (before 0.3)" if abi is None else abi, ABI_VERSION))
+    if version != VERSION and not allow_mismatch:
+        return ("flashc: %s is libflashc %s, but this package is flashc %s: rebuild the "
+                "library from this package's source tree, or set "
+                "FLASHC_ALLOW_VERSION_MISMATCH=1 to use it anyway" % (path, version, VERSION))
+    return None
 
 
 lib = _load()

@@ -245,6 +245,30 @@ def test_defaults_and_signatures():
     assert ksig.parameters["rotary_interleaved"].default is True
 
 
+def test_versions():
+    """The package is the release of pyproject.toml and flashc.h (CMakeLists.txt checks
+    project()'s against flashc.h), the library it loaded is that release, and it refuses
+    a library of another ABI version always, of another release unless
+    FLASHC_ALLOW_VERSION_MISMATCH=1."""
+    import re
+    lib = flashc._lib
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir)
+    with open(os.path.join(root, "pyproject.toml")) as f:
+        assert re.search(r'^version = "([^"]+)"', f.read(), re.M).group(1) == lib.VERSION
+    with open(os.path.join(root, "include", "flashc.h")) as f:
+        header = dict(re.findall(r"#define FLASHC_VERSION_(MAJOR|MINOR|PATCH) (\d+)", f.read()))
+    assert "%s.%s.%s" % (header["MAJOR"], header["MINOR"], header["PATCH"]) == lib.VERSION
+    assert flashc.__version__ == lib.VERSION
+
+    assert lib._refusal("x.so", lib.VERSION, lib.ABI_VERSION, False) is None
+    other = lib._refusal("x.so", "0.2.9", lib.ABI_VERSION, False)
+    assert "libflashc 0.2.9" in other and "flashc " + lib.VERSION in other
+    assert "FLASHC_ALLOW_VERSION_MISMATCH=1" in other
+    assert lib._refusal("x.so", "0.2.9", lib.ABI_VERSION, True) is None
+    assert "ABI version 2" in lib._refusal("x.so", lib.VERSION, 2, True)
+    assert "unknown (before 0.3)" in lib._refusal("x.so", "0.2.0", None, True)
+
+
 # ---- packed variants ----
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize("packing", ["qkv", "kv"])
