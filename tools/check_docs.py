@@ -41,7 +41,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # top-level names a reference may start with (those that exist, plus python/)
-TOP = {"src", "include", "tools", "tests", "bench", "docs", "scripts", "python", ".ci",
+TOP = {"src", "include", "tools", "tests", "bench", "docs", "scripts", "python", ".ci", "cmake",
        "CMakeLists.txt", "README.md", "DEVELOPERS.md", "run.sh", "test.sh"}
 REF = re.compile(r"`([A-Za-z0-9_.][A-Za-z0-9_./-]*)(?::([A-Za-z_][A-Za-z0-9_]*))?`")
 PENDING = re.compile(r"<!--\s*check_docs:\s*pending\s+(\S+)")
