@@ -204,23 +204,26 @@ def _fwd_fake(q, k, v, alibi_slopes, dropout_p, softmax_scale, causal, window_le
 
 
 # q: [total_q, H, D]  k, v: [total_k, Hk, D] or paged [blocks, page, Hk, D]
-# out: [total_q, H, D]  lse: [H, total_q]  probs: [B, H, max_seqlen_q, max_seqlen_k] or [0]
+# seqused_k: int32 [B] or None  out: [total_q, H, D]  lse: [H, total_q]
+# probs: [B, H, max_seqlen_q, max_seqlen_k] or [0]
 @_op("varlen_fwd")
 def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                 max_seqlen_q: int, max_seqlen_k: int, block_table: Optional[Tensor],
-                alibi_slopes: Optional[Tensor], dropout_p: float, softmax_scale: Optional[float],
-                causal: bool, window_left: int, window_right: int, softcap: float,
-                return_probs: bool, seed: int, offset: int) -> Tuple[Tensor, Tensor, Tensor]:
+                seqused_k: Optional[Tensor], alibi_slopes: Optional[Tensor], dropout_p: float,
+                softmax_scale: Optional[float], causal: bool, window_left: int,
+                window_right: int, softcap: float, return_probs: bool, seed: int, offset: int
+                ) -> Tuple[Tensor, Tensor, Tensor]:
     out, lse, probs = _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                       max_seqlen_k, block_table, alibi_slopes, dropout_p,
-                                       softmax_scale, causal, window_left, window_right,
-                                       softcap, return_probs, seed, offset)
+                                       max_seqlen_k, block_table, seqused_k, alibi_slopes,
+                                       dropout_p, softmax_scale, causal, window_left,
+                                       window_right, softcap, return_probs, seed, offset)
     if _no_work(q, k, v, False):
         return _no_keys(out, lse, probs)
     args = _fill(_lib.VarlenFwdArgs, q=q, k=k, v=v, out=out, cu_seqlens_q=cu_seqlens_q,
                  cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                 max_seqlen_k=max_seqlen_k, block_table=block_table, softmax_lse=lse,
-                 alibi_slopes=alibi_slopes, attn_probs=probs if return_probs else None)
+                 max_seqlen_k=max_seqlen_k, seqused_k=seqused_k, block_table=block_table,
+                 softmax_lse=lse, alibi_slopes=alibi_slopes,
+                 attn_probs=probs if return_probs else None)
     _run("flashc_varlen_fwd", args, q.device, dropout_seed=seed, dropout_offset=offset,
          **_mask_params(dropout_p, softmax_scale, causal, window_left, window_right, softcap))
     return out, lse, probs
@@ -228,8 +231,8 @@ def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlen
 
 @_fake(_varlen_fwd)
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                     block_table, alibi_slopes, dropout_p, softmax_scale, causal, window_left,
-                     window_right, softcap, return_probs, seed, offset):
+                     block_table, seqused_k, alibi_slopes, dropout_p, softmax_scale, causal,
+                     window_left, window_right, softcap, return_probs, seed, offset):
     total, h, _ = q.shape
     probs = (cu_seqlens_q.shape[0] - 1, h, max_seqlen_q, max_seqlen_k) if return_probs else (0,)
     return _empty(q.shape, q), _empty((h, total), q, torch.float32), \
@@ -326,6 +329,14 @@ def _draw_rng(device, max_seqlen_k):
     return int(torch.randint(0, 2 ** 62, (1,)).item()), 0
 
 
+def _probs_written(device, dropout_p, return_probs):
+    """Whether the library is asked for the probabilities: where return_probs asks for
+    them, on the CPU always, on CUDA only with dropout (which the CUDA backend refuses,
+    FLASHC_ERR_UNSUPPORTED); without dropout a CUDA call returns them empty, as
+    flash_attn does."""
+    return return_probs and (device.type == "cpu" or dropout_p > 0)
+
+
 # ---- autograd ----
 def _split(packing, a, b, c, axis):
     """q, k, v from (q, k, v), (qkv) or (q, kv); the packed axis is `axis`."""
@@ -365,7 +376,7 @@ class _FlashAttnFunc(torch.autograd.Function):
         axis = 2 if varlen is None else 1
         q, k, v = _split(packing, a, b, c, axis)
         mask = (dropout_p, softmax_scale, causal, window_size[0], window_size[1], softcap)
-        return_probs = return_probs and (q.device.type == "cpu" or dropout_p > 0)
+        return_probs = _probs_written(q.device, dropout_p, return_probs)
         if varlen is None:
             seed, offset = _draw_rng(q.device, k.shape[1]) if dropout_p > 0 else (0, 0)
             out, lse, probs = _fwd(q, k, v, alibi_slopes, *mask, return_probs, seed, offset)
@@ -373,7 +384,7 @@ class _FlashAttnFunc(torch.autograd.Function):
         else:
             cu_q, cu_k, max_q, max_k, block_table = varlen
             seed, offset = _draw_rng(q.device, max_k) if dropout_p > 0 else (0, 0)
-            out, lse, probs = _varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, block_table,
+            out, lse, probs = _varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, block_table, None,
                                           alibi_slopes, *mask, return_probs, seed, offset)
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_q, cu_k)
         ctx.packing, ctx.axis, ctx.varlen = packing, axis, varlen
