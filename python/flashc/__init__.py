@@ -7,10 +7,13 @@ The functions run libflashc.so through ctypes (flashc._lib), so one build works 
 any torch from 1.13 on: nothing is compiled against torch. CPU tensors run on
 flashc's CPU backend, CUDA tensors on its CUDA backend. Also here, as in flash_attn:
 flashc.bert_padding (unpad_input, pad_input) and flashc.layers.rotary
-(apply_rotary_emb). Errors from the library raise FlashcError (FlashcArgumentError,
-also a ValueError, for a bad argument) with the library's message.
+(apply_rotary_emb), and flashc.flash_attn_interface, flash_attn.flash_attn_interface's
+names with its private ops (_flash_attn_forward, _flash_attn_backward and their varlen
+twins). Errors from the library raise FlashcError (FlashcArgumentError, also a
+ValueError, for a bad argument) with the library's message.
 """
 from ._lib import FlashcArgumentError, FlashcError, version
+from . import flash_attn_interface  # noqa: F401  as flash_attn's __init__ loads it
 from .interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
                         flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
                         flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)
