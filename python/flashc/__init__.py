@@ -11,6 +11,10 @@ flashc.bert_padding (unpad_input, pad_input) and flashc.layers.rotary
 names with its private ops (_flash_attn_forward, _flash_attn_backward and their varlen
 twins). Errors from the library raise FlashcError (FlashcArgumentError, also a
 ValueError, for a bad argument) with the library's message.
+
+python/flash_attn_shim holds a package named flash_attn made of these modules, for code
+that imports flash_attn and is not to be edited (README.md, "Using flashc as
+flash_attn"); it is on no path unless put there.
 """
 from ._lib import FlashcArgumentError, FlashcError, version
 from . import flash_attn_interface  # noqa: F401  as flash_attn's __init__ loads it

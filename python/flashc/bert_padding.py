@@ -10,6 +10,8 @@ took no unused_mask and returned the first four).
 import torch
 import torch.nn.functional as F
 
+__all__ = ["pad_input", "unpad_input"]
+
 
 def unpad_input(hidden_states, attention_mask, unused_mask=None):
     """hidden_states (batch, seqlen, ...), attention_mask (batch, seqlen) bool/int, 1 =

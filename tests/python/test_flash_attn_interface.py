@@ -1,6 +1,6 @@
 """test_flash_attn_interface.py : flashc.flash_attn_interface (flash_attn 2.7/2.8's private
 ops _flash_attn_forward, _flash_attn_backward and their varlen twins, next to the seven
-public functions).
+public functions) and the flash_attn shim of python/flash_attn_shim.
 
 Each op against the same call through the public API (bitwise: one C call, the backward
 deterministic) and the forward against the float64 reference (check(), DEVICES and
@@ -13,6 +13,9 @@ per key block merged by lse, then a backward per block given the merged out and 
 Run:  FLASHC_LIBRARY=build/libflashc.so PYTHONPATH=python python3 -m pytest tests/python -q
 """
 import inspect
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -24,6 +27,8 @@ from flashc import interface
 from test_flashc import (DEVICE_DTYPES, DEVICES, DT, LENS_K, LENS_Q, UNSUPPORTED, alibi_for,
                          backward_or_skip, check, cu, paged, rand, ref_attention, ref_varlen)
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHIM = os.path.join(ROOT, "python", "flash_attn_shim")
 PRIVATE_OPS = ("_flash_attn_forward", "_flash_attn_varlen_forward", "_flash_attn_backward",
                "_flash_attn_varlen_backward")
 PUBLIC = ("flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func",
@@ -112,6 +117,59 @@ def test_import_paths():
     from flashc.flash_attn_interface import _flash_attn_backward, flash_attn_varlen_func
     assert _flash_attn_backward is fi._flash_attn_backward
     assert flash_attn_varlen_func is flashc.flash_attn_varlen_func
+
+
+# ---- the shim: python/flash_attn_shim/flash_attn ----
+def run_python(code, path):
+    """code in a new interpreter whose sys.path starts with `path` (the library found
+    as in this process: FLASHC_LIBRARY is inherited); returns its stdout."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
+
+
+FLASHC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(flashc.__file__)))
+
+SHIM_CHECK = '''
+import os, sys
+import flash_attn
+import flash_attn.flash_attn_interface as fai
+from flash_attn.flash_attn_interface import (_flash_attn_backward, _flash_attn_forward,
+    _flash_attn_varlen_backward, _flash_attn_varlen_forward, flash_attn_func)
+from flash_attn.bert_padding import pad_input, unpad_input
+from flash_attn.layers.rotary import apply_rotary_emb
+import flashc, flashc.bert_padding, flashc.layers.rotary
+from flashc import flash_attn_interface as fi
+assert os.path.dirname(flash_attn.__file__) == os.path.join(sys.argv[1], "flash_attn")
+for name in fi.__all__:
+    assert getattr(fai, name) is getattr(fi, name), name
+for name in flashc.__all__:
+    assert getattr(flash_attn, name) is getattr(flashc, name), name
+assert flash_attn.flash_attn_interface is fai and flash_attn_func is flashc.flash_attn_func
+assert _flash_attn_forward is fi._flash_attn_forward
+assert (pad_input, unpad_input) == (flashc.bert_padding.pad_input, flashc.bert_padding.unpad_input)
+assert apply_rotary_emb is flashc.layers.rotary.apply_rotary_emb
+print(flash_attn.__version__)
+'''
+
+
+def test_shim_import_paths():
+    """With python/flash_attn_shim on the path, flash_attn and its three submodules are
+    flashc's functions under flash_attn's names, and __version__ says 2.8.3."""
+    out = run_python("import sys; sys.argv[1:] = [%r]\n" % SHIM + SHIM_CHECK, [SHIM, FLASHC_DIR])
+    assert out.split() == ["2.8.3"]
+
+
+def test_shim_is_opt_in():
+    """Without it on the path, `import flash_attn` never reaches the shim (it finds a
+    real flash_attn, or nothing); `pip install .` ships only the flashc packages."""
+    out = run_python("import importlib.util; s = importlib.util.find_spec('flash_attn'); "
+                     "print(s.origin if s else None)", [FLASHC_DIR])
+    assert not out.strip().startswith(SHIM), out
+    with open(os.path.join(ROOT, "setup.py")) as f:
+        assert "flash_attn_shim" not in f.read()
 
 
 # ---- the batched ops against flash_attn_func ----

@@ -9,6 +9,8 @@ result into x after computing it.
 """
 import torch
 
+__all__ = ["apply_rotary_emb"]
+
 
 def _positions(x, seqlen_offsets, cu_seqlens, max_seqlen):
     """Position of every token: (batch, seqlen) for batched x, (total,) for varlen x."""

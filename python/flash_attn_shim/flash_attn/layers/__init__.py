@@ -1,0 +1,1 @@
+"""flash_attn.layers, made of flashc: the rotary module (flashc.layers)."""
