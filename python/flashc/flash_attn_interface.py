@@ -7,7 +7,8 @@ It holds the seven public functions (interface.py's) and the four private ops of
 flash_attn 2.7/2.8 that integrators call directly (ring-flash-attn and the other
 context-parallel wrappers built on it): one forward or one backward, no autograd, with
 flash_attn's parameter names, order, defaults and returns (Dao-AILab/flash-attention,
-flash_attn/flash_attn_interface.py, the 2.7-2.8 line, 2.8.3 at the time of writing):
+flash_attn/flash_attn_interface.py as of 2.8.3; earlier 2.7 releases have the same
+lists without the varlen ops' zero_tensors):
 
     _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_left,
                         window_size_right, softcap, alibi_slopes, return_softmax)
@@ -16,7 +17,7 @@ flash_attn/flash_attn_interface.py, the 2.7-2.8 line, 2.8.3 at the time of writi
                                max_seqlen_k, dropout_p, softmax_scale, causal,
                                window_size_left=-1, window_size_right=-1, softcap=0.0,
                                alibi_slopes=None, return_softmax=False, block_table=None,
-                               leftpad_k=None, seqused_k=None)
+                               leftpad_k=None, seqused_k=None, zero_tensors=False)
         -> out, softmax_lse, S_dmask, rng_state
     _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
                          softmax_scale, causal, window_size_left, window_size_right,
@@ -25,7 +26,8 @@ flash_attn/flash_attn_interface.py, the 2.7-2.8 line, 2.8.3 at the time of writi
     _flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q,
                                 cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                 softmax_scale, causal, window_size_left, window_size_right,
-                                softcap, alibi_slopes, deterministic, rng_state=None)
+                                softcap, alibi_slopes, deterministic, rng_state=None,
+                                zero_tensors=False)
         -> softmax_d
 
 _wrapped_flash_attn_forward and the three other _wrapped_ names are the same functions
@@ -61,10 +63,14 @@ The returns, against flash_attn's:
   CUDA kernels' single_key_rows), exact with the forward's own lse but not with a merged
   one: in a causal ring attention the first query row of each diagonal block gets no
   gradient from that block (tests/python/test_flash_attn_interface.py, the xfail case).
+- zero_tensors: as flash_attn, the varlen forward's out rows past cu_seqlens_q[-1] are 0
+  and their lse -inf (else they are left unwritten), and the varlen backward zeroes dq,
+  dk, dv before it writes them.
 - leftpad_k is not supported: the C varlen forward has no left padding (a non-None
   leftpad_k raises FlashcError, FLASHC_ERR_UNSUPPORTED; flash_attn_with_kvcache's
   cache_leftpad is the flashc way).
 """
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -160,7 +166,7 @@ def _flash_attn_varlen_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Te
                                return_softmax: bool = False,
                                block_table: Optional[Tensor] = None,
                                leftpad_k: Optional[Tensor] = None,
-                               seqused_k: Optional[Tensor] = None
+                               seqused_k: Optional[Tensor] = None, zero_tensors: bool = False
                                ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """One forward over packed sequences: q (total_q, nheads, headdim), k, v (total_k,
     nheads_k, headdim) or, with block_table (batch, max_blocks) int32, a paged cache
@@ -183,6 +189,12 @@ def _flash_attn_varlen_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Te
                                          window_size_right, softcap),
                                   _probs_written(q.device, dropout_p, return_softmax), seed,
                                   offset)
+    if zero_tensors:
+        # rows past the last sequence, which the library leaves unwritten (judged on the
+        # device: cu_seqlens_q is not read on the host)
+        past = torch.arange(q.shape[0], device=q.device) >= cu_seqlens_q[-1].to(q.device)
+        out.masked_fill_(past[:, None, None], 0.0)
+        lse.masked_fill_(past[None, :], -math.inf)
     return (out, lse) + _forward_returns(q, probs, return_softmax, seed, offset)
 
 
@@ -218,8 +230,8 @@ def _flash_attn_varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o
                                 max_seqlen_k: int, dropout_p: float, softmax_scale: float,
                                 causal: bool, window_size_left: int, window_size_right: int,
                                 softcap: float, alibi_slopes: Optional[Tensor],
-                                deterministic: bool, rng_state: Optional[Tensor] = None
-                                ) -> Tensor:
+                                deterministic: bool, rng_state: Optional[Tensor] = None,
+                                zero_tensors: bool = False) -> Tensor:
     """The backward over packed sequences (contiguous k, v), into dq (total_q, nheads,
     headdim), dk, dv (total_k, nheads_k, headdim); softmax_lse fp32 (nheads, total_q).
     Returns softmax_d fp32 (nheads, total_q + 128 * batch)."""
@@ -228,6 +240,9 @@ def _flash_attn_varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o
     dout, q, k, v, out, softmax_lse = (_maybe_contiguous(t)
                                        for t in (dout, q, k, v, out, softmax_lse))
     dq, dk, dv = _gradients(dq, dk, dv, q, k, v)
+    if zero_tensors:
+        for g in (dq, dk, dv):
+            g.zero_()
     max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
     seed, offset = _rng(rng_state, dropout_p, q.device, max_seqlen_k)
     _varlen_bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,

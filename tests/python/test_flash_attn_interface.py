@@ -25,7 +25,8 @@ import flashc
 from flashc import flash_attn_interface as fi
 from flashc import interface
 from test_flashc import (DEVICE_DTYPES, DEVICES, DT, LENS_K, LENS_Q, UNSUPPORTED, alibi_for,
-                         backward_or_skip, check, cu, paged, rand, ref_attention, ref_varlen)
+                         backward_or_skip, call_or_skip, check, cu, paged, rand, ref_attention,
+                         ref_varlen)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHIM = os.path.join(ROOT, "python", "flash_attn_shim")
@@ -35,7 +36,7 @@ PUBLIC = ("flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_f
           "flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func",
           "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache")
 
-# ---- flash_attn's parameter lists (flash_attn/flash_attn_interface.py, 2.7-2.8.3),
+# ---- flash_attn's parameter lists (flash_attn/flash_attn_interface.py of 2.8.3),
 # names, order and defaults, written as stubs; annotations left out ----
 FA2_SIGNATURES = '''
 def _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_left,
@@ -44,14 +45,15 @@ def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                                dropout_p, softmax_scale, causal, window_size_left=-1,
                                window_size_right=-1, softcap=0.0, alibi_slopes=None,
                                return_softmax=False, block_table=None, leftpad_k=None,
-                               seqused_k=None): ...
+                               seqused_k=None, zero_tensors=False): ...
 def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale,
                          causal, window_size_left, window_size_right, softcap, alibi_slopes,
                          deterministic, rng_state=None): ...
 def _flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q,
                                 cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                 softmax_scale, causal, window_size_left, window_size_right,
-                                softcap, alibi_slopes, deterministic, rng_state=None): ...
+                                softcap, alibi_slopes, deterministic, rng_state=None,
+                                zero_tensors=False): ...
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_attn_probs=False): ...
@@ -327,6 +329,35 @@ def test_varlen_forward_seqused_block_table(device, dtype):
                                                         block_table=table,
                                                         return_attn_probs=True)
     assert torch.equal(out, pub_out) and torch.equal(lse, pub_lse)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_varlen_zero_tensors(device):
+    """zero_tensors, as flash_attn: rows past cu_seqlens[-1] (which the library leaves
+    unwritten) get out 0 and lse -inf in the forward, and the backward zeroes dq, dk, dv
+    first; the rows of the sequences are those of the call without zero_tensors."""
+    dt = torch.float16 if device == "cuda" else torch.float32
+    h, d, extra = 2, 16, 3
+    cq, ck, mq, mk = cu(LENS_Q, device), cu(LENS_K, device), max(LENS_Q), max(LENS_K)
+    tq, tk = sum(LENS_Q), sum(LENS_K)
+    q = rand(tq + extra, h, d, device=device, dtype=dt, seed=28)
+    k = rand(tk + extra, h, d, device=device, dtype=dt, seed=29)
+    v = rand(tk + extra, h, d, device=device, dtype=dt, seed=30)
+    dout = rand(tq + extra, h, d, device=device, dtype=dt, seed=31)
+    results = []
+    for zero in (False, True):
+        out, lse, _, _ = fi._flash_attn_varlen_forward(q, k, v, cq, ck, mq, mk, 0.0, None, True,
+                                                       zero_tensors=zero)
+        grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+        call_or_skip(lambda: fi._flash_attn_varlen_backward(
+            dout, q, k, v, out, lse, *grads, cq, ck, mq, mk, 0.0, None, True, -1, -1, 0.0, None,
+            True, zero_tensors=zero), device)
+        results.append((out, lse, grads))
+    (out, lse, grads), (zout, zlse, zgrads) = results
+    assert torch.equal(zout[:tq], out[:tq]) and torch.equal(zlse[:, :tq], lse[:, :tq])
+    assert not bool(zout[tq:].any()) and bool((zlse[:, tq:] == -float("inf")).all())
+    for g, zg, n in zip(grads, zgrads, (tq, tk, tk)):
+        assert torch.equal(zg[:n], g[:n]) and not bool(zg[n:].any())
 
 
 # ---- dropout: rng_state ----

@@ -160,10 +160,15 @@ def rand(*shape, device="cpu", dtype=torch.float32, seed=0):
 
 def backward_or_skip(out, dout):
     """out.backward(dout); skips where the build has no CUDA backward (FLASHC_CUDA_BWD=OFF)."""
+    return call_or_skip(lambda: out.backward(dout), out.device)
+
+
+def call_or_skip(fn, device):
+    """fn(), a backward on `device`; skips where the build has no CUDA backward."""
     try:
-        out.backward(dout)
+        return fn()
     except flashc.FlashcError as e:
-        if e.status == UNSUPPORTED and out.device.type == "cuda":
+        if e.status == UNSUPPORTED and torch.device(device).type == "cuda":
             pytest.skip("CUDA backward unsupported by this build: %s" % e)
         raise
 
