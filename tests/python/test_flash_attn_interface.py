@@ -387,11 +387,16 @@ def test_dropout_rng_state(device):
 
     def grads(state):
         dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-        fi._flash_attn_backward(dout, q, k, v, out, lse, dq, dk, dv, p, None, True, -1, -1, 0.0,
-                                None, True, rng_state=state)
-        return dq, dk, dv
-    for got, want in zip(grads(rng_state), pub_grads):
-        assert torch.equal(got, want)
+        softmax_d = fi._flash_attn_backward(dout, q, k, v, out, lse, dq, dk, dv, p, None, True,
+                                            -1, -1, 0.0, None, True, rng_state=state)
+        return dq, dk, dv, softmax_d
+    *got, softmax_d = grads(rng_state)
+    for g, want in zip(got, pub_grads):
+        assert torch.equal(g, want)
+    # flash_attn keeps softmax_d scaled by the keep probability 1 - p
+    bi, hi, si = torch.meshgrid(torch.arange(2), torch.arange(4), torch.arange(9), indexing="ij")
+    check_softmax_d(softmax_d, (1 - p) * dout.double().transpose(1, 2), out.transpose(1, 2),
+                    (bi, hi, si))
     other = rng_state.clone()
     other[0] += 1
     assert not torch.equal(grads(other)[0], pub_grads[0])
