@@ -58,4 +58,14 @@
 #define FC_WINDOW_ROW_LO(j, right, sq, sk) ((j) - ((sk) - (sq)) - (right))
 #define FC_WINDOW_ROW_HI(j, left, sq, sk) ((j) - ((sk) - (sq)) + (left))
 
+/* The backward's one-key rule, for every backend. A row that sees one key has
+ * P = 1 there when the lse is its own (the forward of this call), and then
+ * dS = P (dP - Delta) = 0 exactly: a softmax over one element. The formula
+ * would leave the rounding of O in Delta (with dropout, V / (1 - p) rounded
+ * to the dtype) as a residue, so the backends write dS = 0 for such a row
+ * when its P, recomputed from the lse, is at least FC_ONE_KEY_P (1 - 2^-10;
+ * exp2's rounding stays far below). With an lse merged over several calls
+ * (ring attention's key blocks) P is below 1 and the formula applies. */
+#define FC_ONE_KEY_P 0.9990234375f
+
 #endif /* FLASHC_COMMON_WINDOW_H */

@@ -376,9 +376,8 @@ static void fc_bwd_probs(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const fc_
 
 /* s->p holds P, s->dp holds dOi Vj^T: overwrite s->p with dS (without the
  * factor scale, which the stores of dQ and dK apply). A row that sees one key
- * has P = 1 there and dS = 0 exactly (a softmax over one element); the
- * formula would leave the rounding of O in Delta (with dropout, O = V / (1 - p)
- * rounded to the dtype) as a residue. */
+ * gets dS = 0 when that key's P is at least FC_ONE_KEY_P, or when the key is
+ * in another tile (P = 0 here): common/window.h's one-key rule. */
 static void fc_bwd_dscores(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const fc_bwd_tile *t) {
     int ld = c->pl.bc;
     bool dropout = c->a->dropout_p > 0.0f, cap = c->a->softcap > 0.0f;
@@ -387,7 +386,8 @@ static void fc_bwd_dscores(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const f
         float *p = s->p + (size_t)r * ld;
         int64_t lo, hi;
         fc_key_range(c->a, t->sq, t->sk, t->i0 + r, &lo, &hi);
-        if (hi - lo == 1) {
+        if (hi - lo == 1 &&
+            (lo < t->j0 || lo >= t->j0 + t->bc || p[lo - t->j0] >= FC_ONE_KEY_P)) {
             memset(p, 0, (size_t)t->bc * sizeof(float));
             continue;
         }

@@ -461,26 +461,26 @@ def ring_blocks(rank, world, causal):
     return [s for step, s in enumerate(steps) if not causal or step <= rank]
 
 
-def ring(dtype, causal):
+def ring(device, dtype, causal):
     """A ring attention of `world` ranks in one process. Rank r holds the r-th chunk of
     q, k, v. Forward: for each key block it meets, _flash_attn_forward(**kwargs) (4
     returns), merged by lse. Backward: for each block, _flash_attn_backward(**kwargs)
     given the merged out and lse (a strided (B, H, S) view, as ring-flash-attn passes
     it) into reused buffers, summed in fp32. Returns the inputs, dout and, assembled
-    over the ranks, out, lse, dq, dk, dv."""
+    over the ranks, out, lse, dq, dk, dv, on the CPU."""
     dt = DT[dtype]
     world, b, c, h, hk, d = 3, 2, 5, 4, 2, 16
-    q = rand(b, world * c, h, d, dtype=dt, seed=20)
-    k = rand(b, world * c, hk, d, dtype=dt, seed=21)
-    v = rand(b, world * c, hk, d, dtype=dt, seed=22)
-    dout = rand(b, world * c, h, d, dtype=dt, seed=23)
+    q = rand(b, world * c, h, d, device=device, dtype=dt, seed=20)
+    k = rand(b, world * c, hk, d, device=device, dtype=dt, seed=21)
+    v = rand(b, world * c, hk, d, device=device, dtype=dt, seed=22)
+    dout = rand(b, world * c, h, d, device=device, dtype=dt, seed=23)
     scale = d ** -0.5
 
     def chunk(t, r):
         return t[:, r * c:(r + 1) * c]
     outs, lses, dqs = [], [], []
-    dks = [torch.zeros(b, c, hk, d) for _ in range(world)]
-    dvs = [torch.zeros(b, c, hk, d) for _ in range(world)]
+    dks = [torch.zeros(b, c, hk, d, device=device) for _ in range(world)]
+    dvs = [torch.zeros(b, c, hk, d, device=device) for _ in range(world)]
     for rank in range(world):
         out = lse = None
         for src, step_causal in ring_blocks(rank, world, causal):
@@ -495,8 +495,8 @@ def ring(dtype, causal):
         out, lse = out.to(dt), lse.squeeze(-1).transpose(1, 2)
         outs.append(out)
         lses.append(lse)
-        dq = torch.zeros(b, c, h, d)
-        bufs = [torch.empty(b, c, n, d, dtype=dt) for n in (h, hk, hk)]
+        dq = torch.zeros(b, c, h, d, device=device)
+        bufs = [torch.empty(b, c, n, d, device=device, dtype=dt) for n in (h, hk, hk)]
         for src, step_causal in ring_blocks(rank, world, causal):
             kw = window_args(default_args(fi._flash_attn_backward), (-1, -1))
             kw.update(dout=chunk(dout, rank), q=chunk(q, rank), k=chunk(k, src),
@@ -508,36 +508,29 @@ def ring(dtype, causal):
             dks[src] += bufs[1].float()
             dvs[src] += bufs[2].float()
         dqs.append(dq)
-    grads = [torch.cat(g, 1).to(dt) for g in (dqs, dks, dvs)]
-    return (q, k, v), dout, torch.cat(outs, 1), torch.cat(lses, 2), grads
+    grads = [torch.cat(g, 1).to(dt).cpu() for g in (dqs, dks, dvs)]
+    return ((q.cpu(), k.cpu(), v.cpu()), dout.cpu(), torch.cat(outs, 1).cpu(),
+            torch.cat(lses, 2).cpu(), grads)
 
 
-@pytest.mark.parametrize("dtype", list(DT))
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_ring_attention_forward(dtype, causal):
+def test_ring_attention_forward(device, dtype, causal):
     """ring()'s out and lse against the reference of the whole sequence."""
-    (q, k, v), _, out, lse, _ = ring(dtype, causal)
+    (q, k, v), _, out, lse, _ = ring(device, dtype, causal)
     ref, ref_lse = ref_attention(q.double(), k.double(), v.double(), causal=causal)
     base, base_lse = ref_attention(q, k, v, causal=causal, lowp=True)
     check("out", out, ref, base, DT[dtype])
     check("lse", lse, ref_lse, base_lse, DT[dtype])
 
 
-# The library zeroes dS of a row that sees exactly one key of the call (a softmax over
-# one element: src/cpu/bwd.c:fc_bwd_dscores, single_key_rows of the sm80 and sm90
-# kernels). With the forward's own lse that is exact; with a merged lse it is not:
-# the first query row of every causal diagonal block loses its gradient there. strict:
-# this test starts to fail, to be unmarked, once the library fixes it.
-ONE_KEY_ROWS = pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "flashc's backward sets dS = 0 on rows that see one key, wrong for a merged lse"))
-
-
-@pytest.mark.parametrize("dtype", list(DT))
-@pytest.mark.parametrize("causal", [False, pytest.param(True, marks=ONE_KEY_ROWS)],
-                         ids=["full", "causal"])
-def test_ring_attention_backward(dtype, causal):
-    """ring()'s gradients against the reference of the whole sequence."""
-    inputs, dout, _, _, grads = ring(dtype, causal)
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_ring_attention_backward(device, dtype, causal):
+    """ring()'s gradients against the reference of the whole sequence (the first query
+    row of each causal diagonal block sees one key of its call, with an lse merged
+    over the calls: the one-key rule of common/window.h must not fire there)."""
+    inputs, dout, _, _, grads = ring(device, dtype, causal)
     r64 = [t.double().requires_grad_() for t in inputs]
     rlp = [t.clone().requires_grad_() for t in inputs]
     ref_attention(*r64, causal=causal)[0].backward(dout.double())

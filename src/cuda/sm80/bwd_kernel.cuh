@@ -233,9 +233,9 @@ __global__ void __launch_bounds__(fc_sm80_bwd_traits<D>::kThreads)
                 const float lse2 = fc_ld_shared_f32(sLse + (slot * Br + r) * 4);
                 const float dl = fc_ld_shared_f32(sDelta + (slot * Br + r) * 4);
                 const int lo = mask.lo(i), hi = mask.hi(i);
-                // one visible key: P = 1 there and dS = 0 exactly (a softmax over
-                // one element; Delta from the rounded O would leave a residue)
-                const float one = max(lo, 0) + 1 == hi ? 0.0f : 1.0f;
+                // one visible key: common/window.h's one-key rule (dS = 0 where P
+                // is at least FC_ONE_KEY_P)
+                const bool one_key = max(lo, 0) + 1 == hi;
                 uint32_t keep[NT / 4];
                 if (f.dropout) {
 #pragma unroll
@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(fc_sm80_bwd_traits<D>::kThreads)
                             dp = k ? dp * f.dropout_rescale : 0.0f;
                         }
                         pd[e] = pdrop;
-                        ds[e] = pr * (dp - dl) * dt * one;
+                        ds[e] = one_key && pr >= FC_ONE_KEY_P ? 0.0f : pr * (dp - dl) * dt;
                     }
                     const uint32_t off = r * RBC + (s_col + 8 * nt + 2 * t) * 2;
                     fc_st_shared_b32(sP + off, fc_pack2<T>(pd[0], pd[1]));

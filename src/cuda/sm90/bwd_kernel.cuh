@@ -343,17 +343,22 @@ struct fc_sm90_bwd_cta {
         }
     }
 
-    // A row (query) that sees one key has P = 1 there and dS = 0 exactly (a
-    // softmax over one element; Delta from the rounded O would leave a
-    // residue). Such a row makes every tile it meets partial.
+    // common/window.h's one-key rule: dS = 0 where a row (query) sees one key
+    // and its P there is at least FC_ONE_KEY_P. acc_s holds P^T, with dropout
+    // P^T o k rs: p_min is FC_ONE_KEY_P in those units (a dropped key has
+    // P^T o k = 0, O = 0 and Delta = 0, so dS = 0 already). Such a row makes
+    // every tile it meets partial.
     __device__ __forceinline__ void single_key_rows(float (&acc_dp)[NT][4],
-                                                    const fc_sm90_bwd_qblock &q) const {
+                                                    const float (&acc_s)[NT][4],
+                                                    const fc_sm90_bwd_qblock &q,
+                                                    float p_min) const {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int i = q.m0 + q0 + 8 * nt + 2 * t + (e & 1);
-                if (max(mask.lo(i), 0) + 1 == mask.hi(i)) acc_dp[nt][e] = 0.0f;
+                if (max(mask.lo(i), 0) + 1 == mask.hi(i) && acc_s[nt][e] >= p_min)
+                    acc_dp[nt][e] = 0.0f;
             }
     }
 
@@ -605,7 +610,9 @@ __global__ void __launch_bounds__(fc_sm90_bwd_traits<D>::kThreads,
                 else
                     c.template dscores<false>(p, acc_s, acc_dp, q, kb);
             }
-            if (md.partial) c.single_key_rows(acc_dp, q);
+            if (md.partial)
+                c.single_key_rows(acc_dp, acc_s, q,
+                                  md.drop ? FC_ONE_KEY_P * p.f.dropout_rescale : FC_ONE_KEY_P);
             c.store_ds(acc_s, acc_dp, p_frag, ds_frag);
         }
 
