@@ -58,11 +58,10 @@ The returns, against flash_attn's:
   [H, total_q + 128 B], sequence b from column cu_seqlens_q[b] + 128 b), holding
   (1 - dropout_p) * rowsum(dout * out), 0 in the padding; flashc computes it in torch
   (one more pass over dout and out), as the library keeps its own copy in its workspace.
-- one difference in the backward: the library sets dS = 0 on a row that sees exactly
-  one key of the call (a softmax over one element: src/cpu/bwd.c:fc_bwd_dscores and the
-  CUDA kernels' single_key_rows), exact with the forward's own lse but not with a merged
-  one: in a causal ring attention the first query row of each diagonal block gets no
-  gradient from that block (tests/python/test_flash_attn_interface.py, the xfail case).
+- a row that sees exactly one key of the call gets dS = 0 only where its P, recomputed
+  from softmax_lse, is 1 (the forward's own lse: a softmax over one element); with a
+  merged lse (the first query row of a causal ring attention's diagonal block) P < 1
+  and the backward applies the formula (src/common/window.h, FC_ONE_KEY_P).
 - zero_tensors: as flash_attn, the varlen forward's out rows past cu_seqlens_q[-1] are 0
   and their lse -inf (else they are left unwritten), and the varlen backward zeroes dq,
   dk, dv before it writes them.
