@@ -49,7 +49,7 @@ static void fc_decode_shape(int dim, int *bc, int *smem) {
 }
 
 // The number of key splits for params.num_splits = 0: flash_attn 2's rule
-// (flash_api.cpp num_splits_heuristic; shared/HOPPER-NOTES.md section 4) over
+// (flash_api.cpp num_splits_heuristic) over
 // the device's CTA slots (SMs x decode CTAs per SM). A grid that fills 80% of
 // the slots runs unsplit. Else each s up to min(128, slots, tiles) scores its
 // last-wave efficiency w / ceil(w), w = ctas * s / slots; an s that gives each
