@@ -9,7 +9,9 @@ flashc's CPU backend, CUDA tensors on its CUDA backend. Also here, as in flash_a
 flashc.bert_padding (unpad_input, pad_input) and flashc.layers.rotary
 (apply_rotary_emb), and flashc.flash_attn_interface, flash_attn.flash_attn_interface's
 names with its private ops (_flash_attn_forward, _flash_attn_backward and their varlen
-twins). Errors from the library raise FlashcError (FlashcArgumentError, also a
+twins), and flashc.v3, FlashAttention-3's interface (hopper/flash_attn_interface.py:
+flash_attn_func, flash_attn_varlen_func with seqused_q/seqused_k, flash_attn_with_kvcache,
+flash_attn_combine, ...). Errors from the library raise FlashcError (FlashcArgumentError, also a
 ValueError, for a bad argument) with the library's message.
 
 python/flash_attn_shim holds a package named flash_attn made of these modules, for code
@@ -18,6 +20,7 @@ flash_attn"); it is on no path unless put there.
 """
 from ._lib import FlashcArgumentError, FlashcError, version
 from . import flash_attn_interface  # noqa: F401  as flash_attn's __init__ loads it
+from . import v3  # noqa: F401  FA3's interface, flashc.v3
 from .interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
                         flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
                         flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)

@@ -1,0 +1,307 @@
+"""flashc.v3 : FlashAttention-3's Python interface on flashc.
+
+    from flashc.v3 import flash_attn_func, flash_attn_varlen_func
+    out = flash_attn_func(q, k, v, causal=True)            # FA3 returns out alone
+    out, lse = flash_attn_func(q, k, v, return_attn_probs=True)
+
+The public functions of FA3's hopper/flash_attn_interface.py (Dao-AILab/flash-attention,
+commit 01afd16d248c4c7d0f9aed1914084f16c490eaed), with its parameter names, order,
+defaults and returns, run by the same ops as flashc's flash_attn 2.x functions
+(interface.py): the batched, packed and varlen functions are differentiable through
+interface.py's autograd Function, the KV-cache function is forward only (as FA3's).
+
+    flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None,
+                    k_descale=None, v_descale=None, window_size=(-1, -1),
+                    attention_chunk=0, softcap=0.0, num_splits=1, pack_gqa=None,
+                    deterministic=False, sm_margin=0, return_attn_probs=False)
+        -> out, or (out, softmax_lse) with return_attn_probs; lse fp32 (b, h, seqlen_q)
+    flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=None,
+                              k_descale=None, v_descale=None, window_size=(-1, -1),
+                              attention_chunk=0, softcap=0.0, deterministic=False,
+                              num_heads_q=None, sm_margin=0, return_attn_probs=False)
+        qkv (b, s, 3, h, d), or (b, s, h + 2 h_k, d) with num_heads_q = h; returns as above
+    flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           seqused_q=None, seqused_k=None, softmax_scale=None, causal=False,
+                           qv=None, q_descale=None, k_descale=None, v_descale=None,
+                           window_size=(-1, -1), attention_chunk=0, softcap=0.0,
+                           num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0,
+                           return_attn_probs=False)
+        -> out, or (out, softmax_lse) with return_attn_probs; lse fp32 (h, total_q)
+    flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, page_table=None, cu_seqlens_q=None,
+                            cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
+                            q_descale=None, k_descale=None, v_descale=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1),
+                            attention_chunk=0, softcap=0.0, rotary_interleaved=True,
+                            scheduler_metadata=None, num_splits=0, pack_gqa=None,
+                            sm_margin=0, return_softmax_lse=False)
+        -> out, or (out, softmax_lse, out_accum, softmax_lse_accum) with return_softmax_lse
+    flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None)
+        -> out, softmax_lse
+    get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q,
+                           num_heads_kv, headdim, cache_seqlens, ...) -> None
+
+What flashc does with FA3's arguments:
+- window_size: a pair whose sides are ints (negative: unbounded) or None (unbounded, the
+  encoding of FA3's later interfaces).
+- seqused_q, seqused_k (int32 (b,)): only the first seqused[i] query rows / keys of
+  sequence i are used, and the causal and window masks are aligned to those lengths, as
+  in FA3. Done here by gathering the rows in use into packed tensors (cu_seqlens made
+  from seqused, clamped to [0, the cu_seqlens length]) for one varlen call, then
+  scattering the result back: query rows past seqused_q get out = 0 and lse = -inf (FA3
+  leaves them unwritten) and zero gradients, keys past seqused_k zero gradients. The
+  gather reads seqused on the host (a synchronisation on CUDA tensors).
+- num_splits, pack_gqa, sm_margin, deterministic: accepted. The first three tune FA3's
+  kernels and do not change its results; flashc schedules itself, except that
+  flash_attn_with_kvcache passes num_splits to flashc_fwd_kvcache (0 = heuristic).
+  deterministic selects flashc's deterministic backward.
+- flash_attn_with_kvcache's return_softmax_lse returns FA3's four-tuple; flashc combines
+  its splits inside the call, so out_accum and softmax_lse_accum are empty tensors, as
+  FA3's are when it does not split.
+- scheduler_metadata: get_scheduler_metadata returns None (flashc has no scheduler
+  state to precompute) and None is accepted wherever FA3 takes it.
+- flash_attn_combine: torch code, fp32 arithmetic (below).
+These raise FlashcArgumentError (a FlashcError and a ValueError) with status
+FLASHC_ERR_UNSUPPORTED when not at their default, never ignored: qv, q_descale, k_descale,
+v_descale (FP8), attention_chunk, a scheduler_metadata tensor, and in
+flash_attn_with_kvcache cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q and rotary_seqlens
+(varlen queries and new keys: flashc's KV-cache entry is batched). flash_attn_varlen_func
+takes cu_seqlens_q and cu_seqlens_k as tensors (FA3 also allows None with batched q).
+"""
+import math
+
+import torch
+
+from . import _lib
+from . import interface as _fa2
+
+__all__ = ["flash_attn_combine", "flash_attn_func", "flash_attn_qkvpacked_func",
+           "flash_attn_varlen_func", "flash_attn_with_kvcache", "get_scheduler_metadata"]
+
+
+# ---- arguments ----
+def _unsupported(fn, **given):
+    """Raise for the first of `given` (name=value) that is not at FA3's default (None, or
+    0 for attention_chunk)."""
+    for name, value in given.items():
+        default = 0 if name == "attention_chunk" else None
+        if value is None or (default == 0 and not isinstance(value, bool) and value == 0):
+            continue
+        raise _lib.FlashcArgumentError(
+            _lib.ERR_UNSUPPORTED, "%s: %s=%s but flashc does not support it (only %r)" % (
+                fn, name, "a tensor" if isinstance(value, torch.Tensor) else repr(value),
+                default))
+
+
+def _window(window_size):
+    """interface._window's (left, right) from FA3's window_size, whose sides may be None."""
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        _fa2._arg_error("window_size=%r but must be a pair (left, right) of ints or None"
+                        % (window_size,))
+    return _fa2._window((-1 if left is None else left, -1 if right is None else right))
+
+
+_BSHD = "(batch, seqlen, nheads, headdim)"
+_THD = "(total, nheads, headdim)"
+
+
+def _returns(out, lse, return_attn_probs):
+    return (out, lse) if return_attn_probs else out
+
+
+# ---- the differentiable functions ----
+def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=None,
+                              k_descale=None, v_descale=None, window_size=(-1, -1),
+                              attention_chunk=0, softcap=0.0, deterministic=False,
+                              num_heads_q=None, sm_margin=0, return_attn_probs=False):
+    """flash_attn_func on qkv (batch, seqlen, 3, nheads, headdim), or with num_heads_q on
+    qkv (batch, seqlen, num_heads_q + 2 * nheads_k, headdim) (q heads, then k, then v).
+    Returns out, or (out, softmax_lse (batch, nheads, seqlen)) with return_attn_probs."""
+    fn = "flash_attn_qkvpacked_func"
+    _unsupported(fn, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                 attention_chunk=attention_chunk)
+    if num_heads_q is None:
+        _fa2._rank(fn, "qkv", qkv, {5: "(batch, seqlen, 3, nheads, headdim)"})
+        a, b, c, packing = qkv, None, None, "qkv"
+    else:
+        _fa2._rank(fn, "qkv", qkv, {4: "(batch, seqlen, nheads + 2 * nheads_k, headdim)"})
+        hk, odd = divmod(qkv.shape[2] - num_heads_q, 2)
+        if num_heads_q <= 0 or hk <= 0 or odd:
+            _fa2._arg_error("%s: qkv.shape[2]=%d but must be num_heads_q=%d + 2 * nheads_k"
+                            % (fn, qkv.shape[2], num_heads_q))
+        (a, b, c), packing = qkv.split([num_heads_q, hk, hk], dim=2), ""
+    out, lse, _ = _fa2._FlashAttnFunc.apply(packing, a, b, c, None, 0.0,
+                                            _fa2._scale(softmax_scale), causal,
+                                            _window(window_size), softcap, None,
+                                            deterministic, False)
+    return _returns(out, lse, return_attn_probs)
+
+
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None,
+                    k_descale=None, v_descale=None, window_size=(-1, -1), attention_chunk=0,
+                    softcap=0.0, num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0,
+                    return_attn_probs=False):
+    """Attention of q (batch, seqlen_q, nheads, headdim) over k, v (batch, seqlen_k,
+    nheads_k, headdim), nheads % nheads_k == 0 (MQA/GQA). causal and window_size are
+    aligned to the bottom-right corner: query i sees keys [i + seqlen_k - seqlen_q - left,
+    i + seqlen_k - seqlen_q + right]; softcap > 0 replaces each score s by
+    softcap * tanh(s / softcap). Returns out, or (out, softmax_lse (batch, nheads,
+    seqlen_q) fp32) with return_attn_probs."""
+    fn = "flash_attn_func"
+    _unsupported(fn, qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                 attention_chunk=attention_chunk)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _fa2._rank(fn, name, t, {4: _BSHD})
+    out, lse, _ = _fa2._FlashAttnFunc.apply("", q, k, v, None, 0.0, _fa2._scale(softmax_scale),
+                                            causal, _window(window_size), softcap, None,
+                                            deterministic, False)
+    return _returns(out, lse, return_attn_probs)
+
+
+def _used_rows(cu_seqlens, seqused, total):
+    """(rows in use of a packed tensor of `total` rows, int32 cu_seqlens of those rows
+    packed): the first seqused[i] rows of sequence i, seqused clamped to [0, its length]."""
+    cu = cu_seqlens.long()
+    lens = cu[1:] - cu[:-1]
+    used = torch.minimum(seqused.to(cu.device).long().clamp(min=0), lens)
+    rows = torch.arange(total, device=cu.device)
+    seq = torch.searchsorted(cu[1:], rows, right=True)  # sequence of each row
+    inside = seq < lens.numel()  # rows past cu_seqlens[-1] belong to no sequence
+    seq = seq.clamp(max=max(lens.numel() - 1, 0))
+    keep = inside & (rows - cu[seq] < used[seq]) if lens.numel() else inside
+    idx = keep.nonzero().squeeze(1)
+    new_cu = torch.cat([used.new_zeros(1), used.cumsum(0)]).to(torch.int32)
+    return idx, new_cu
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           seqused_q=None, seqused_k=None, softmax_scale=None, causal=False,
+                           qv=None, q_descale=None, k_descale=None, v_descale=None,
+                           window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
+                           pack_gqa=None, deterministic=False, sm_margin=0,
+                           return_attn_probs=False):
+    """Attention over sequences packed along the token axis: q (total_q, nheads, headdim),
+    k, v (total_k, nheads_k, headdim), cu_seqlens_q, cu_seqlens_k int32 (batch + 1).
+    seqused_q, seqused_k: optional int32 (batch,), the rows of each sequence in use (the
+    module docstring says how). Masks as flash_attn_func's, per sequence. Returns out, or
+    (out, softmax_lse (nheads, total_q) fp32) with return_attn_probs."""
+    fn = "flash_attn_varlen_func"
+    _unsupported(fn, qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                 attention_chunk=attention_chunk)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _fa2._rank(fn, name, t, {3: _THD})
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(t, torch.Tensor):
+            raise _lib.FlashcArgumentError(_lib.ERR_UNSUPPORTED, "%s: %s=%r but flashc takes "
+                                           "it as an int32 tensor (batch + 1) (FA3's batched "
+                                           "q without cu_seqlens: use flash_attn_func)"
+                                           % (fn, name, t))
+    window = _window(window_size)
+    total_q, new_cu_q, rows_q = q.shape[0], cu_seqlens_q, None
+    if seqused_q is not None:
+        rows_q, new_cu_q = _used_rows(cu_seqlens_q, seqused_q, total_q)
+        q = q.index_select(0, rows_q)
+    new_cu_k = cu_seqlens_k
+    if seqused_k is not None:
+        rows_k, new_cu_k = _used_rows(cu_seqlens_k, seqused_k, k.shape[0])
+        k, v = k.index_select(0, rows_k), v.index_select(0, rows_k)
+    varlen = (new_cu_q, new_cu_k, int(max_seqlen_q), int(max_seqlen_k), None)
+    out, lse, _ = _fa2._FlashAttnFunc.apply("", q, k, v, varlen, 0.0, _fa2._scale(softmax_scale),
+                                            causal, window, softcap, None, deterministic, False)
+    if rows_q is not None:  # scatter back: unused rows out = 0, lse = -inf
+        out = out.new_zeros((total_q,) + tuple(out.shape[1:])).index_copy(0, rows_q, out)
+        lse = lse.new_full((lse.shape[0], total_q), -math.inf).index_copy(1, rows_q, lse)
+    return _returns(out, lse, return_attn_probs)
+
+
+# ---- KV cache ----
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, page_table=None, cu_seqlens_q=None,
+                            cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
+                            q_descale=None, k_descale=None, v_descale=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), attention_chunk=0, softcap=0.0,
+                            rotary_interleaved=True, scheduler_metadata=None, num_splits=0,
+                            pack_gqa=None, sm_margin=0, return_softmax_lse=False):
+    """flashc.flash_attn_with_kvcache with FA3's parameters: q (batch, seqlen, nheads,
+    headdim) over k_cache, v_cache (batch_cache, seqlen_cache, nheads_k, headdim), or with
+    page_table (batch, max_blocks) int32 paged (num_blocks, page_size, nheads_k,
+    headdim); k, v (batch, seqlen_new, nheads_k, headdim) are first written into the cache
+    in place at rows cache_seqlens[b] .., rotated by rotary_cos/sin when given.
+    num_splits: 0 = flashc's heuristic, else the number of key splits. No backward.
+    Returns out, or (out, softmax_lse (batch, nheads, seqlen) fp32, out_accum,
+    softmax_lse_accum) with return_softmax_lse, the last two empty."""
+    fn = "flash_attn_with_kvcache"
+    _unsupported(fn, qv=qv, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k_new=cu_seqlens_k_new,
+                 max_seqlen_q=max_seqlen_q, rotary_seqlens=rotary_seqlens, q_descale=q_descale,
+                 k_descale=k_descale, v_descale=v_descale, attention_chunk=attention_chunk,
+                 scheduler_metadata=scheduler_metadata)
+    out, lse = _fa2.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+        cache_leftpad, page_table, softmax_scale, causal, _window(window_size), softcap,
+        rotary_interleaved, None, num_splits, return_softmax_lse=True)
+    if not return_softmax_lse:
+        return out
+    empty = torch.empty(0, device=out.device)
+    return out, lse, empty, empty.clone()
+
+
+def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv,
+                           headdim, cache_seqlens, qkv_dtype=torch.bfloat16, headdim_v=None,
+                           cu_seqlens_q=None, cu_seqlens_k_new=None, cache_leftpad=None,
+                           page_size=None, max_seqlen_k_new=0, causal=False,
+                           window_size=(-1, -1), attention_chunk=0, has_softcap=False,
+                           num_splits=0, pack_gqa=None, sm_margin=0):
+    """FA3's precomputed tile schedule for flash_attn_with_kvcache. flashc schedules inside
+    each call, so there is nothing to precompute: returns None, which
+    flash_attn_with_kvcache(scheduler_metadata=...) accepts."""
+    return None
+
+
+# ---- combining split partials ----
+def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
+    """Merge attention computed over disjoint key splits, by their lse.
+
+    out_partial: fp32 (num_splits, batch, seqlen, nheads, headdim) (FA3's layout; any
+        (num_splits, ..., headdim) is taken, e.g. varlen (num_splits, total, nheads,
+        headdim))
+    lse_partial: fp32 (num_splits, batch, seqlen, nheads), out_partial.shape[:-1]; a split
+        that saw no key has lse -inf
+    out: optional (batch, seqlen, nheads, headdim) tensor written and returned
+    out_dtype: dtype of the new out (fp32, fp16 or bf16); default out_partial's
+
+    lse = log sum_i exp(lse_i), out = sum_i exp(lse_i - lse) out_i, computed in fp32 with
+    the largest lse_i subtracted first; rows where every split is -inf get out = 0 and
+    lse = -inf. Returns (out, lse): lse fp32 of shape (batch, seqlen, nheads), as FA3's a
+    transposed view of a contiguous (batch, nheads, seqlen) tensor."""
+    fn = "flash_attn_combine"
+    for name, t in (("out_partial", out_partial), ("lse_partial", lse_partial)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+            _fa2._arg_error("%s: %s must be a float32 torch.Tensor, got %s" % (
+                fn, name, getattr(t, "dtype", type(t).__name__)))
+    if out_partial.dim() < 3 or tuple(lse_partial.shape) != tuple(out_partial.shape[:-1]):
+        _fa2._arg_error("%s: lse_partial.shape=%s but must be out_partial.shape[:-1]=%s "
+                        "(num_splits, batch, seqlen, nheads)" % (
+                            fn, tuple(lse_partial.shape), tuple(out_partial.shape[:-1])))
+    dtype = out.dtype if out is not None and out_dtype is None else (out_dtype or torch.float32)
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        _fa2._arg_error("%s: out_dtype=%s but must be float32, float16 or bfloat16" % (fn, dtype))
+    if out is not None and (out.dtype != dtype or tuple(out.shape) != tuple(out_partial.shape[1:])):
+        _fa2._arg_error("%s: out is %s %s but must be %s %s" % (
+            fn, out.dtype, tuple(out.shape), dtype, tuple(out_partial.shape[1:])))
+    top = lse_partial.amax(dim=0)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # all -inf: 0
+    w = torch.exp(lse_partial - top)  # (num_splits, ...) in [0, 1], 1 at the largest
+    total = w.sum(dim=0)
+    lse = torch.log(total) + top  # -inf where every split is -inf
+    scale = torch.where(total > 0, w / total, torch.zeros_like(w))
+    merged = (scale.unsqueeze(-1) * out_partial).sum(dim=0)
+    if out_partial.dim() == 5:  # FA3's lse: (b, s, h) view of a (b, h, s) tensor
+        lse = lse.transpose(1, 2).contiguous().transpose(1, 2)
+    if out is None:
+        return merged.to(dtype), lse
+    out.copy_(merged)
+    return out, lse
