@@ -76,8 +76,8 @@ import torch
 
 from . import _lib
 from .interface import (_BSHD, _THD, _bwd, _draw_rng, _fwd, _maybe_contiguous, _probs_written,
-                        _rank, _scale, _varlen_bwd, _varlen_fwd, _window, flash_attn_func,
-                        flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
+                        _rank, _row_sequences, _scale, _varlen_bwd, _varlen_fwd, _window,
+                        flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
                         flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
                         flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)
 
@@ -254,10 +254,8 @@ def _flash_attn_varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o
     softmax_d = torch.zeros((h, total + _SOFTMAX_D_PAD * batch), dtype=torch.float32,
                             device=q.device)
     # row r of sequence b (cu_seqlens_q[b] <= r < cu_seqlens_q[b + 1]) goes to column
-    # r + 128 b; b counted on the device, without reading cu_seqlens_q on the host
-    rows = torch.arange(total, device=q.device)
-    seq = torch.searchsorted(cu_seqlens_q[1:].to(device=q.device, dtype=torch.int64), rows,
-                             right=True)
+    # r + 128 b
+    rows, seq = _row_sequences(cu_seqlens_q, total, q.device)
     softmax_d[:, rows + _SOFTMAX_D_PAD * seq] = _row_dot(dout, out, dropout_p).t()
     return softmax_d
 

@@ -413,6 +413,15 @@ _BSHD = "(batch, seqlen, nheads, headdim)"
 _THD = "(total, nheads, headdim)"
 
 
+def _row_sequences(cu_seqlens, total, device):
+    """(rows 0 .. total - 1, the sequence of each) of a packed tensor, on `device`, without
+    reading cu_seqlens on the host: row r is in sequence b when cu_seqlens[b] <= r <
+    cu_seqlens[b + 1], and rows past cu_seqlens[-1] get b = batch."""
+    rows = torch.arange(total, device=device)
+    return rows, torch.searchsorted(cu_seqlens[1:].to(device=device, dtype=torch.int64), rows,
+                                    right=True)
+
+
 def _attn(fn, packing, a, b, c, varlen, dropout_p, softmax_scale, causal, window_size, softcap,
           alibi_slopes, deterministic, return_attn_probs):
     if packing == "qkv":

@@ -104,10 +104,6 @@ def _window(window_size):
     return _fa2._window((-1 if left is None else left, -1 if right is None else right))
 
 
-_BSHD = "(batch, seqlen, nheads, headdim)"
-_THD = "(total, nheads, headdim)"
-
-
 def _returns(out, lse, return_attn_probs):
     return (out, lse) if return_attn_probs else out
 
@@ -154,7 +150,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     _unsupported(fn, qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
                  attention_chunk=attention_chunk)
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _fa2._rank(fn, name, t, {4: _BSHD})
+        _fa2._rank(fn, name, t, {4: _fa2._BSHD})
     out, lse, _ = _fa2._FlashAttnFunc.apply("", q, k, v, None, 0.0, _fa2._scale(softmax_scale),
                                             causal, _window(window_size), softcap, None,
                                             deterministic, False)
@@ -167,8 +163,7 @@ def _used_rows(cu_seqlens, seqused, total):
     cu = cu_seqlens.long()
     lens = cu[1:] - cu[:-1]
     used = torch.minimum(seqused.to(cu.device).long().clamp(min=0), lens)
-    rows = torch.arange(total, device=cu.device)
-    seq = torch.searchsorted(cu[1:], rows, right=True)  # sequence of each row
+    rows, seq = _fa2._row_sequences(cu, total, cu.device)
     inside = seq < lens.numel()  # rows past cu_seqlens[-1] belong to no sequence
     seq = seq.clamp(max=max(lens.numel() - 1, 0))
     keep = inside & (rows - cu[seq] < used[seq]) if lens.numel() else inside
@@ -192,7 +187,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _unsupported(fn, qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
                  attention_chunk=attention_chunk)
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _fa2._rank(fn, name, t, {3: _THD})
+        _fa2._rank(fn, name, t, {3: _fa2._THD})
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(t, torch.Tensor):
             raise _lib.FlashcArgumentError(_lib.ERR_UNSUPPORTED, "%s: %s=%r but flashc takes "
