@@ -41,13 +41,22 @@ fi
 
 # Kernel families: "auto" is what src/cuda/plan.cu:fc_cuda_family and src/cuda/fwd.cu pick (on
 # an H100/H200 for D > 32: the sm90ws forward, the sm90 backward), "sm90" keeps the cp.async
-# sm90 forward, "sm80" forces the FA2 kernels (FLASHC_CUDA_FAMILY).
-families=${FAMILIES:-auto sm90 sm80}
+# sm90 forward, "sm80" forces the FA2 kernels (FLASHC_CUDA_FAMILY); "auto-short0" and
+# "auto-short1" are auto with FLASHC_CUDA_SHORT_ROW=0 / =1 (D64's sm90ws rows, src/cuda/traits.h:
+# its three-consumer row on every call / its short-work row on every call).
+families=${FAMILIES:-auto auto-short0 auto-short1 sm90 sm80}
+# fam_env FAMILY CMD...: CMD with that family's environment
+fam_env() {
+  local f=$1 s=
+  shift
+  case $f in *-short0) s=0 ;; *-short1) s=1 ;; esac
+  FLASHC_CUDA_FAMILY=${f%-short?} FLASHC_CUDA_SHORT_ROW=$s "$@"
+}
 
 if has test; then
   echo "== GPU tests =="
   for fam in $families; do
-    FLASHC_CUDA_FAMILY=$fam timeout "${TEST_TIMEOUT:-900}" ./build/flashc_gpu_tests ${TEST_FILTER:-} \
+    fam_env "$fam" timeout "${TEST_TIMEOUT:-900}" ./build/flashc_gpu_tests ${TEST_FILTER:-} \
       > "$out/gpu_tests_$fam.log" 2>&1 || status=1
     grep -E "^not ok|FAIL" "$out/gpu_tests_$fam.log" | head -20
     echo "family $fam: $(tail -1 "$out/gpu_tests_$fam.log")"
@@ -58,7 +67,7 @@ if has sanitize; then
   echo "== compute-sanitizer (reduced set) =="
   for fam in $families; do
     for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
-      FLASHC_CUDA_FAMILY=$fam compute-sanitizer --tool "$tool" --error-exitcode 3 \
+      fam_env "$fam" compute-sanitizer --tool "$tool" --error-exitcode 3 \
         ./build/flashc_gpu_tests "${SANITIZE_FILTER:-d64}" > "$out/sanitize_${tool}_$fam.log" 2>&1
       echo "$fam $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_${tool}_$fam.log" | tail -1)"
       tail -1 "$out/sanitize_${tool}_$fam.log"
@@ -75,7 +84,7 @@ if has cli; then
          "--seqlen 513 --heads 4 --headdim 96 --dtype fp16 --causal")
   for fam in $families; do
     for m in "${mixes[@]}"; do
-      FLASHC_CUDA_FAMILY=$fam ./build/flashc bench --backend cuda --check --iters 3 $m \
+      fam_env "$fam" ./build/flashc bench --backend cuda --check --iters 3 $m \
         > "$out/cli.log" 2>&1 || status=1
       echo "$fam $m: $(grep -E '^  check' "$out/cli.log" | awk '{print $2, $4, $NF}' | tr '\n' ' ')"
     done

@@ -3,8 +3,8 @@
 
 A wgmma with an m64nNk16 shape names N/2 fp32 accumulator registers per thread
 in its operand list, so each N needs its own inline-asm statement. The N values
-come from the forward tuning tables FC_SM90_FWD_TILES and FC_SM90WS_FWD_TILES
-in src/cuda/traits.h: every key-tile width Bc (S = Q K^T, both operands from shared memory) and every head
+come from the forward tuning tables FC_SM90_FWD_TILES, FC_SM90WS_FWD_TILES and
+FC_SM90WS_FWD_SHORT_TILES in src/cuda/traits.h: every key-tile width Bc (S = Q K^T, both operands from shared memory) and every head
 dim D (O += P V, P from registers). For each N and dtype it writes to
 src/cuda/common/wgmma_ops.cuh
 
@@ -54,7 +54,7 @@ def widths():
     """N of ss (every Bc) and rs (every D) the forward tables of sm90 and sm90ws need."""
     text = TRAITS.read_text()
     rows = []
-    for table in ("FC_SM90_FWD_TILES", "FC_SM90WS_FWD_TILES"):
+    for table in ("FC_SM90_FWD_TILES", "FC_SM90WS_FWD_TILES", "FC_SM90WS_FWD_SHORT_TILES"):
         m = re.search(rf"#define {table}\(X\)(.*?)\n#endif", text, re.S)
         if not m:
             sys.exit(f"{TRAITS}: {table}(X) not found")

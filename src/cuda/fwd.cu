@@ -48,21 +48,54 @@ static int fc_fwd_dim(int family, int64_t d) {
                            d);
 }
 
-// Shared memory of the family's instance for head dim `dim` (0 if none).
-static int fc_fwd_smem(int family, int dim) {
+// ---- the sm90ws rows (traits.h): a head dim's row, or its short-work row ----
+typedef struct {
+    int br, bc;      // the TMA boxes' rows: the query tile, the key tile
+    int smem;        // dynamic shared memory per CTA
+    bool persistent; // one CTA per SM walking a schedule (and GQA packing)
+} fc_ws_row;
+
+template <int D>
+static fc_ws_row fc_sm90ws_row_of(bool short_row) {
+    if constexpr (fc_sm90ws_fwd_has_short<D>::value) {
+        using Tr = fc_sm90ws_fwd_traits<D, true>;
+        if (short_row) return {Tr::kBr, Tr::kBc, Tr::kSmemBytes, Tr::kPersistent};
+    }
+    using Tr = fc_sm90ws_fwd_traits<D>;
+    return {Tr::kBr, Tr::kBc, Tr::kSmemBytes, Tr::kPersistent};
+}
+
+// The sm90ws row of head dim `dim`: its short-work row when short_row and
+// there is one, else its row; all zero if no instance.
+static fc_ws_row fc_sm90ws_row(int dim, bool short_row) {
+#define FC_ROW90WS_(D) \
+    if (dim == D) return fc_sm90ws_row_of<D>(short_row);
+    FC_SM90WS_FWD_HEADDIMS(FC_ROW90WS_)
+#undef FC_ROW90WS_
+    return fc_ws_row{};
+}
+
+// Whether head dim `dim` has a short-work row in this build.
+static bool fc_sm90ws_has_short(int dim) {
+#define FC_HAS_SHORT90WS_(D) \
+    if (dim == D) return fc_sm90ws_fwd_has_short<D>::value;
+    FC_SM90WS_FWD_HEADDIMS(FC_HAS_SHORT90WS_)
+#undef FC_HAS_SHORT90WS_
+    return false;
+}
+
+// Shared memory of the family's instance for head dim `dim` (0 if none); sm90ws:
+// of the row short_row picks.
+static int fc_fwd_smem(int family, int dim, bool short_row) {
 #define FC_SMEM80_(D) \
     if (family == FC_FAMILY_SM80 && dim == D) return fc_sm80_fwd_traits<D>::kSmemBytes;
 #define FC_SMEM90_(D) \
     if (family == FC_FAMILY_SM90 && dim == D) return fc_sm90_fwd_traits<D>::kSmemBytes;
-#define FC_SMEM90WS_(D) \
-    if (family == FC_FAMILY_SM90WS && dim == D) return fc_sm90ws_fwd_traits<D>::kSmemBytes;
     FC_SM80_FWD_HEADDIMS(FC_SMEM80_)
     FC_SM90_FWD_HEADDIMS(FC_SMEM90_)
-    FC_SM90WS_FWD_HEADDIMS(FC_SMEM90WS_)
 #undef FC_SMEM80_
 #undef FC_SMEM90_
-#undef FC_SMEM90WS_
-    return 0;
+    return family == FC_FAMILY_SM90WS ? fc_sm90ws_row(dim, short_row).smem : 0;
 }
 
 static dim3 fc_fwd_grid(const fc_cuda_fwd_params &p, int br) {
@@ -95,21 +128,6 @@ static cudaError_t fc_sm90_fwd_run(const fc_cuda_fwd_params &p, bool causal,
                   : sm90_fwd_launch<D, T, false>(p, grid, stream);
 }
 
-// The TMA boxes' rows of the sm90ws instance for head dim `dim`: the query
-// tile Br, the key tile Bc (0, 0 if none); and whether it is persistent.
-static void fc_sm90ws_tiles(int dim, int *br, int *bc, bool *persistent = nullptr) {
-    *br = *bc = 0;
-    bool pers = false;
-#define FC_TILES90WS_(D)                                                                \
-    if (dim == D) {                                                                     \
-        *br = fc_sm90ws_fwd_traits<D>::kBr, *bc = fc_sm90ws_fwd_traits<D>::kBc;         \
-        pers = fc_sm90ws_fwd_traits<D>::kPersistent;                                    \
-    }
-    FC_SM90WS_FWD_HEADDIMS(FC_TILES90WS_)
-#undef FC_TILES90WS_
-    if (persistent) *persistent = pers;
-}
-
 // The rows of one TMA box of K / V for key tiles of bc rows: bc, or, paged,
 // the page size when it is a multiple of bc, or a multiple of 8 dividing it
 // (then a tile takes bc / page_size boxes); 0 when no box fits the pages.
@@ -136,7 +154,7 @@ static int fc_sm90ws_kv_box_rows(const fc_attn *a, int bc) {
 // G, or 1 (no packing).
 static int fc_sm90ws_pack(const fc_attn *a, int br, bool persistent, int sms) {
     const int64_t g = a->heads / a->kv_heads, sq = a->max_seqlen_q;
-    if (!persistent || g <= 1 || br % g != 0 || a->alibi || a->dropout_p > 0.0f) return 1;
+    if (!persistent || br == 0 || g <= 1 || br % g != 0 || a->alibi || a->dropout_p > 0.0f) return 1;
     if (sq * g >= (int64_t)1 << 30) return 1;  // the kernel's packed rows are int
     if (g & (g - 1)) return 1;                   // the kernel shifts by log2(G)
     const char *force = getenv("FLASHC_CUDA_GQA_PACK");
@@ -153,14 +171,47 @@ static int fc_sm90ws_pack(const fc_attn *a, int br, bool persistent, int sms) {
     return fill(sq) < 0.9 * fill(sq * g) && fewer ? (int)g : 1;
 }
 
+// The keys a query row sees, on average over the rows of a sequence of
+// max_seqlen_q queries and max_seqlen_k keys (causal aligned bottom-right; a
+// window bounds it by its width).
+static double fc_mean_keys(const fc_attn *a) {
+    const double sq = (double)a->max_seqlen_q, sk = (double)a->max_seqlen_k;
+    double keys = sk;
+    if (a->window_right == 0 && a->window_left < 0)
+        keys = sk >= sq ? sk - (sq - 1.0) / 2.0 : sk * (sk + 1.0) / (2.0 * sq);
+    if (a->window_left >= 0 && a->window_right >= 0) {
+        const double width = (double)a->window_left + (double)a->window_right + 1.0;
+        if (width < keys) keys = width;
+    }
+    return keys;
+}
+
+// Whether the call runs head dim `dim`'s short-work row (traits.h
+// FC_SM90WS_FWD_SHORT_TILES), when it has one: when that row packs the call's
+// GQA groups (fc_sm90ws_pack), or when a query row sees at most 1280 keys on
+// average (10 key tiles of 128). Fitted to bench/NOTES.md issue 18 run 46 (D64,
+// two persistent consumers against three one-tile ones): 2-17% faster at
+// 512-1k keys a row, as fast at ~1k (2k causal), 9-19% slower at 2k-8k, and
+// 2.4x as fast where packing applies (16 queries over 4k keys).
+// FLASHC_CUDA_SHORT_ROW=1 takes the short-work row wherever there is one (the
+// tests), =0 never, any other value is the rule.
+static bool fc_sm90ws_short(const fc_attn *a, int dim, int sms) {
+    if (!fc_sm90ws_has_short(dim)) return false;
+    const char *force = getenv("FLASHC_CUDA_SHORT_ROW");
+    if (force && strcmp(force, "1") == 0) return true;
+    if (force && strcmp(force, "0") == 0) return false;
+    const fc_ws_row r = fc_sm90ws_row(dim, true);
+    return fc_sm90ws_pack(a, r.br, r.persistent, sms) > 1 || fc_mean_keys(a) <= 1280.0;
+}
+
 // A persistent instance (traits.h) gets the schedule's size (sm90ws/fwd_kernel.cuh
 // fc_ws_schedule: tiles, or causal pairs of tiles) and one CTA per SM, or fewer
 // when there are fewer items; the others one CTA per query tile. Packed
 // (wp.pack > 1), a head's tiles are its KV head's packed rows.
-template <int D, typename T>
-static cudaError_t fc_sm90ws_fwd_run(fc_cuda_fwd_ws_params wp, bool causal, int sms,
-                                     cudaStream_t stream) {
-    using Tr = fc_sm90ws_fwd_traits<D>;
+template <int D, bool kShort, typename T>
+static cudaError_t fc_sm90ws_fwd_run_row(fc_cuda_fwd_ws_params wp, bool causal, int sms,
+                                         cudaStream_t stream) {
+    using Tr = fc_sm90ws_fwd_traits<D, kShort>;
     const fc_cuda_fwd_params &p = wp.f;
     const int64_t packed_rows = (int64_t)p.seqlen_q * wp.pack;
     dim3 grid((unsigned)((packed_rows + Tr::kBr - 1) / Tr::kBr), (unsigned)(p.heads / wp.pack),
@@ -174,13 +225,21 @@ static cudaError_t fc_sm90ws_fwd_run(fc_cuda_fwd_ws_params wp, bool causal, int 
     wp.pair = causal && (wp.pack == 1 || pairs >= sms);
     wp.items = wp.pair ? pairs : (int64_t)grid.x * grid.y * p.batch;
     if (Tr::kPersistent) grid = dim3((unsigned)(wp.items < sms ? wp.items : sms));
-    FC_LOG("sm90ws_fwd_kernel<D=%d, %s, causal=%d>: Br=%d Bc=%d consumers=%d stages=%d "
-           "ping-pong=%d persistent=%d pack=%d pairs=%d items=%lld grid=(%u,%u,%u) block=%d "
-           "smem=%d", D, fc_cuda_dtype_name<T>(), (int)causal, Tr::kBr, Tr::kBc, Tr::kConsumers,
-           Tr::kStages, (int)Tr::kPingPong, (int)Tr::kPersistent, wp.pack, wp.pair,
-           (long long)wp.items, grid.x, grid.y, grid.z, Tr::kThreads, Tr::kSmemBytes);
+    FC_LOG("sm90ws_fwd_kernel<D=%d, %s, causal=%d>: short=%d Br=%d Bc=%d consumers=%d "
+           "stages=%d ping-pong=%d persistent=%d pack=%d pairs=%d items=%lld grid=(%u,%u,%u) "
+           "block=%d smem=%d", D, fc_cuda_dtype_name<T>(), (int)causal, (int)kShort, Tr::kBr,
+           Tr::kBc, Tr::kConsumers, Tr::kStages, (int)Tr::kPingPong, (int)Tr::kPersistent,
+           wp.pack, wp.pair, (long long)wp.items, grid.x, grid.y, grid.z, Tr::kThreads,
+           Tr::kSmemBytes);
     return causal ? sm90ws_fwd_launch<D, T, true>(wp, grid, stream)
                   : sm90ws_fwd_launch<D, T, false>(wp, grid, stream);
+}
+template <int D, typename T>
+static cudaError_t fc_sm90ws_fwd_run(const fc_cuda_fwd_ws_params &wp, bool causal, int sms,
+                                     cudaStream_t stream) {
+    if constexpr (fc_sm90ws_fwd_has_short<D>::value)
+        if (wp.short_row) return fc_sm90ws_fwd_run_row<D, true, T>(wp, causal, sms, stream);
+    return fc_sm90ws_fwd_run_row<D, false, T>(wp, causal, sms, stream);
 }
 
 // ---- the forward ----
@@ -191,21 +250,20 @@ typedef struct {
     bool causal; // the kCausal instance (right window edge on the diagonal)
     bool empty;  // nothing to compute (no batch, head or query row)
     int sms;     // the device's multiprocessors (a persistent grid's size)
+    bool short_row; // sm90ws: the head dim's short-work row (fc_sm90ws_short)
 } fc_cuda_fwd_plan;
 
-// Why the sm90ws family cannot take a call the sm90 family can, or NULL.
-static const char *fc_fwd_ws_refusal(const fc_attn *a, int64_t d8) {
+// Why the sm90ws family cannot take a call the sm90 family can, or NULL; the
+// row of `dim` that would run it is short_row's.
+static const char *fc_fwd_ws_refusal(const fc_attn *a, int dim, bool short_row) {
     const char *force = getenv("FLASHC_CUDA_FAMILY");
     if (force && strcmp(force, "sm90") == 0) return "FLASHC_CUDA_FAMILY=sm90";
-    const int dim = fc_fwd_dim(FC_FAMILY_SM90WS, d8);
     if (dim == 0) return "no instance for this head dim";
     // paged: a page holds whole key tiles, or whole chunks of a tile of a
     // multiple of 8 rows (the 128B swizzle repeats every 8 rows), each one TMA
     // box (fc_sm90ws_kv_box_rows); a cp.async producer for the rest is not here yet
     if (a->block_table) {
-        int br, bc;
-        fc_sm90ws_tiles(dim, &br, &bc);
-        if (fc_sm90ws_kv_box_rows(a, bc) == 0)
+        if (fc_sm90ws_kv_box_rows(a, fc_sm90ws_row(dim, short_row).bc) == 0)
             return "paged K/V with a page size that is neither a multiple of the key tile nor a "
                    "multiple of 8 dividing it";
         if (a->k_leftpad) return "paged K/V with cache_leftpad";
@@ -234,14 +292,21 @@ static flashc_status fc_cuda_fwd_check(const fc_attn *a, fc_cuda_fwd_plan *plan)
     fc_cuda_device dv;
     FC_TRY(fc_cuda_device_get(&dv));
     plan->family = fc_cuda_family(dv, d8, fc_fwd_dim(FC_FAMILY_SM90, d8) != 0);
+    plan->sms = dv.sms;
+    plan->short_row = false;
     if (plan->family == FC_FAMILY_SM90) {
-        const char *why = fc_fwd_ws_refusal(a, d8);
-        if (why) FC_LOG("sm90ws family not used (%s): the sm90 family runs", why);
-        else plan->family = FC_FAMILY_SM90WS;
+        const int dim = fc_fwd_dim(FC_FAMILY_SM90WS, d8);
+        const bool short_row = dim != 0 && fc_sm90ws_short(a, dim, dv.sms);
+        const char *why = fc_fwd_ws_refusal(a, dim, short_row);
+        if (why) {
+            FC_LOG("sm90ws family not used (%s): the sm90 family runs", why);
+        } else {
+            plan->family = FC_FAMILY_SM90WS;
+            plan->short_row = short_row;
+        }
     }
     plan->dim = fc_fwd_dim(plan->family, d8);
-    plan->sms = dv.sms;
-    const int smem = fc_fwd_smem(plan->family, plan->dim);
+    const int smem = fc_fwd_smem(plan->family, plan->dim, plan->short_row);
     if (smem > dv.smem_optin)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "head_dim=%lld needs %d bytes of shared memory per block but CUDA "
@@ -296,12 +361,12 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
         // Bc (k, v)
         fc_cuda_fwd_ws_params wp;
         wp.f = p;
-        int br, bc;
-        bool persistent;
-        fc_sm90ws_tiles(plan.dim, &br, &bc, &persistent);
-        wp.pack = fc_sm90ws_pack(a, br, persistent, plan.sms);
+        wp.short_row = plan.short_row;
+        const fc_ws_row row = fc_sm90ws_row(plan.dim, plan.short_row);
+        const int br = row.br;
+        wp.pack = fc_sm90ws_pack(a, br, row.persistent, plan.sms);
         wp.pack_shift = __builtin_ctz((unsigned)wp.pack);  // a power of two
-        const int kv_rows = fc_sm90ws_kv_box_rows(a, bc);
+        const int kv_rows = fc_sm90ws_kv_box_rows(a, row.bc);
         if (!fc_cuda_tma_map(&wp.tma_q, packed.q, pk.dims[FC_PACK_Q], pk.dp, wp.pack,
                              br / wp.pack) ||
             !fc_cuda_tma_map(&wp.tma_k, packed.k, pk.dims[FC_PACK_K], pk.dp, 1, kv_rows) ||

@@ -266,24 +266,54 @@ struct fc_sm90_fwd_traits : fc_sm90_fwd_tile<D> {
     X(256, 2, 64,  2, 0, 0)
 #endif
 
-template <int D>
-struct fc_sm90ws_fwd_tile;  // only the rows of the table exist
+// Short-work rows, same columns: a second instance of a head dim of the table
+// above, for calls whose query tiles each see few key tiles or that pack GQA
+// groups (fwd.cu fc_sm90ws_short says which). At D64 three one-tile consumers
+// win on long sequences (they spill, but keep the tensor cores busier) and two
+// persistent ones on short work: the next tile's loads hide under this one's
+// epilogue, 128-row tiles waste less of a 1k sequence than 192-row ones, and
+// a persistent instance can pack (bench/NOTES.md, issue 18 run 46).
+#ifndef FC_SM90WS_FWD_SHORT_TILES
+//   X(D,  consumers, Bc, stages, ping-pong, persistent)
+#define FC_SM90WS_FWD_SHORT_TILES(X) \
+    X(64,  2, 128, 3, 1, 1)
+#endif
 
-#define FC_SM90WS_FWD_TILE_ROW_(D_, WG, BC, STAGES, PP, PERSIST) \
-    template <>                                                 \
-    struct fc_sm90ws_fwd_tile<D_> {                             \
-        static constexpr int kConsumers = WG;                   \
-        static constexpr int kBc = BC;                          \
-        static constexpr int kStages = STAGES;                  \
-        static constexpr bool kPingPong = PP;                   \
-        static constexpr bool kPersistent = PERSIST;            \
+// fc_sm90ws_fwd_tile<D> is the row of D, fc_sm90ws_fwd_tile<D, true> its
+// short-work row; fc_sm90ws_fwd_has_short<D> says whether there is one.
+template <int D, bool kShort = false>
+struct fc_sm90ws_fwd_tile;  // only the rows of the tables exist
+template <int D>
+struct fc_sm90ws_fwd_has_short {
+    static constexpr bool value = false;
+};
+
+#define FC_SM90WS_FWD_TILE_ROW_(D_, SHORT, WG, BC, STAGES, PP, PERSIST) \
+    template <>                                                         \
+    struct fc_sm90ws_fwd_tile<D_, SHORT> {                              \
+        static constexpr int kConsumers = WG;                           \
+        static constexpr int kBc = BC;                                  \
+        static constexpr int kStages = STAGES;                          \
+        static constexpr bool kPingPong = PP;                           \
+        static constexpr bool kPersistent = PERSIST;                    \
     };
-FC_SM90WS_FWD_TILES(FC_SM90WS_FWD_TILE_ROW_)
+#define FC_SM90WS_FWD_LONG_ROW_(D_, WG, BC, STAGES, PP, PERSIST) \
+    FC_SM90WS_FWD_TILE_ROW_(D_, false, WG, BC, STAGES, PP, PERSIST)
+#define FC_SM90WS_FWD_SHORT_ROW_(D_, WG, BC, STAGES, PP, PERSIST)  \
+    FC_SM90WS_FWD_TILE_ROW_(D_, true, WG, BC, STAGES, PP, PERSIST) \
+    template <>                                                    \
+    struct fc_sm90ws_fwd_has_short<D_> {                           \
+        static constexpr bool value = true;                        \
+    };
+FC_SM90WS_FWD_TILES(FC_SM90WS_FWD_LONG_ROW_)
+FC_SM90WS_FWD_SHORT_TILES(FC_SM90WS_FWD_SHORT_ROW_)
+#undef FC_SM90WS_FWD_SHORT_ROW_
+#undef FC_SM90WS_FWD_LONG_ROW_
 #undef FC_SM90WS_FWD_TILE_ROW_
 
-template <int D>
-struct fc_sm90ws_fwd_traits : fc_sm90ws_fwd_tile<D> {
-    using tile = fc_sm90ws_fwd_tile<D>;
+template <int D, bool kShort = false>
+struct fc_sm90ws_fwd_traits : fc_sm90ws_fwd_tile<D, kShort> {
+    using tile = fc_sm90ws_fwd_tile<D, kShort>;
     static constexpr int kD = D;
     static constexpr int kConsumers = tile::kConsumers, kBc = tile::kBc, kStages = tile::kStages;
     static constexpr bool kPingPong = tile::kPingPong, kPersistent = tile::kPersistent;

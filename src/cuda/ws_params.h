@@ -33,6 +33,7 @@ typedef struct fc_cuda_fwd_ws_params {
     int32_t pack;  // after the others: the unpacked kernels read them at 246e0f6's offsets
     int32_t pair;
     int32_t pack_shift;  // log2(pack): Br % pack == 0 with Br a power of two
+    int32_t short_row;   // 1: the head dim's short-work row runs (traits.h), else its row
 } fc_cuda_fwd_ws_params;
 
 #endif  // FLASHC_CUDA_WS_PARAMS_H

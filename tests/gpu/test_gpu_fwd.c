@@ -28,9 +28,9 @@
  *   (FLASHC_CUDA_FAMILY=sm90, pages of 3 rows) and sm80 (=sm80, D <= 32) on
  *   compute capability 9.0;
  * - GQA packing (sm90ws: the G = H / Hk query heads of one KV head share
- *   query tiles; only the persistent D128 instance packs, so of the cases
- *   below those with head dims 65..128 pack and the others run the unpacked
- *   GQA path; gpu_fwd_gqa_pack), every case with FLASHC_CUDA_GQA_PACK=1 so
+ *   query tiles; the persistent instances pack, D128's and D64's short-work
+ *   row, so of the cases below those with head dims 33..128 pack and the
+ *   others run the unpacked GQA path; gpu_fwd_gqa_pack), every case with FLASHC_CUDA_GQA_PACK=1 so
  *   that it packs wherever the kernel can: a sweep of G {2, 4, 8, 16} x Sq
  *   {1, 2, 5, 16, 33, 100} x option {none, causal, window two-sided, window
  *   left-only, window causal-local, softcap}, with D {64, 80, 128, 256},
@@ -46,11 +46,14 @@
  *   its tiles exactly or by one position more; more packed tiles than SMs at
  *   D128 (the persistent kernel; causal as pairs of tiles, with and without
  *   a window, and as single tiles); and calls that cannot pack (ALiBi,
- *   dropout, G = 3 or 6 at D128, the one-tile instances);
+ *   dropout, G = 3 or 6, the one-tile instances);
  * - the pack in the launch log (gpu_fwd_gqa_pack_dispatch): by the rule,
  *   pack=8 where packing halves the waves, pack=4 where it cuts them from 4
  *   to 3, and pack=1 where it does not cut them or Sq is long; FLASHC_CUDA_GQA_PACK=0 never and =1 always where the kernel can
- *   (batched and paged varlen), not with ALiBi nor at D64 (one-tile); packed
+ *   (batched and paged varlen), not with ALiBi nor with G = 6; D64's
+ *   short-work row (short=1) by its rule (1024 keys a row, 2048 causal, a
+ *   packed call) and not at 2048 keys, FLASHC_CUDA_SHORT_ROW=0 never and =1
+ *   always (never at D128, which has none); packed
  *   causal items are single tiles (pairs=0) when pairs of tiles cannot fill
  *   the SMs, pairs (pairs=1) when they can;
  *   FLASHC_CUDA_FAMILY=sm90 and =sm80 run their families, which do not pack;
@@ -290,7 +293,8 @@ FC_TEST_REGISTER(gpu_fwd_sweep) {
 }
 
 /* More query tiles than twice the SMs (132 on an H100/H200): the persistent
- * sm90ws kernel (D128) runs one CTA per SM, so each CTA works several tiles,
+ * sm90ws kernels (D128, and D64's short-work row, which these D64 shapes
+ * take by the rule) run one CTA per SM, so each CTA works several tiles,
  * uses both Q buffers and the second time waits for one to be freed, and runs
  * its K/V ring on across tiles. Causal items are pairs of tiles (M - 1 - k, k),
  * one a single tile when M is odd; Sq < Sk, GQA and a window shift the work.
@@ -299,20 +303,23 @@ FC_TEST_REGISTER(gpu_fwd_sweep) {
 FC_TEST_REGISTER(gpu_fwd_many_tiles) {
     static const struct {
         flashc_dtype dt;
-        int64_t b, sq, sk, h, hk;
+        int64_t b, sq, sk, h, hk, d;
         gpu_opt opt;
         const char *name;
-    } m[4] = {
-        {FLASHC_DTYPE_BF16, 4, 257, 257, 24, 24, GO_CAUSAL, "gpu_fwd_many_bf16_d128_4x257_h24_causal"},
-        {FLASHC_DTYPE_FP16, 4, 257, 257, 24, 8, GO_NONE, "gpu_fwd_many_fp16_d128_4x257_h24:8"},
-        {FLASHC_DTYPE_BF16, 6, 200, 300, 24, 6, GO_CAUSAL, "gpu_fwd_many_bf16_d128_6x200x300_h24:6_causal"},
-        {FLASHC_DTYPE_FP16, 4, 300, 260, 24, 24, GO_WINDOW, "gpu_fwd_many_fp16_d128_4x300x260_h24_window"},
+    } m[7] = {
+        {FLASHC_DTYPE_BF16, 4, 257, 257, 24, 24, 128, GO_CAUSAL, "gpu_fwd_many_bf16_d128_4x257_h24_causal"},
+        {FLASHC_DTYPE_FP16, 4, 257, 257, 24, 8, 128, GO_NONE, "gpu_fwd_many_fp16_d128_4x257_h24:8"},
+        {FLASHC_DTYPE_BF16, 6, 200, 300, 24, 6, 128, GO_CAUSAL, "gpu_fwd_many_bf16_d128_6x200x300_h24:6_causal"},
+        {FLASHC_DTYPE_FP16, 4, 300, 260, 24, 24, 128, GO_WINDOW, "gpu_fwd_many_fp16_d128_4x300x260_h24_window"},
+        {FLASHC_DTYPE_FP16, 4, 257, 257, 24, 24, 64, GO_CAUSAL, "gpu_fwd_many_fp16_d64_4x257_h24_causal"},
+        {FLASHC_DTYPE_BF16, 6, 200, 300, 24, 6, 64, GO_NONE, "gpu_fwd_many_bf16_d64_6x200x300_h24:6"},
+        {FLASHC_DTYPE_BF16, 4, 300, 260, 24, 8, 48, GO_WINDOW, "gpu_fwd_many_bf16_d48_4x300x260_h24:8_window"},
     };
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 7; i++) {
         gpu_case c;
         memset(&c, 0, sizeof c);
         c.dt = m[i].dt;
-        c.b = m[i].b, c.sq = m[i].sq, c.sk = m[i].sk, c.h = m[i].h, c.hk = m[i].hk, c.d = 128;
+        c.b = m[i].b, c.sq = m[i].sq, c.sk = m[i].sk, c.h = m[i].h, c.hk = m[i].hk, c.d = m[i].d;
         c.opt = m[i].opt;
         c.layout = GL_SEPARATE;
         c.pack = -1;
@@ -571,12 +578,12 @@ FC_TEST_REGISTER(gpu_fwd_varlen) {
 /* On sm90ws, fwd.cu packs the G = H / Hk query heads of one KV head into the
  * rows of one query tile when Sq is short: packed row R of (b, hk) is query
  * position R / G of head hk * G + R % G. With FLASHC_CUDA_GQA_PACK=1 (every case
- * here) it packs wherever the kernel can: the persistent instance (head dims
- * 65..128, Br 128), Br % G == 0, no ALiBi and no dropout. These cases check the
- * results like every other: on sm90ws the D128-instance ones pack, the others
- * (D64, D192, D256, "nopack") run the unpacked GQA path, and on the other
- * families all are plain GQA cases. The D64 ones with G = 3 or 6 would fit
- * the 192-row D64 tile, should that instance pack one day. */
+ * here) it packs wherever the kernel can: the persistent instances (head dims
+ * 65..128, Br 128, and D64's short-work row, Br 128, which a call that packs
+ * runs), Br % G == 0 with G a power of two, no ALiBi and no dropout. These
+ * cases check the results like every other: on sm90ws the D64- and
+ * D128-instance ones pack, the others (D192, D256, G = 3 or 6, "nopack") run
+ * the unpacked GQA path, and on the other families all are plain GQA cases. */
 
 static const int64_t gp_groups[4] = {2, 4, 8, 16};
 static gpu_varlen_xcase gpu_xvcases[24];
@@ -614,7 +621,7 @@ typedef struct {
 #define BF FLASHC_DTYPE_BF16
 #define HF FLASHC_DTYPE_FP16
 static const gpu_pack_row gpu_pack_rows[] = {
-    // groups that do not divide 128 but divide the 192-row D64 tile (unpacked today)
+    // groups that are no power of two (unpacked)
     {BF, 2, 16, 300, 12, 2, 64, GO_CAUSAL, 0, 0, GL_SEPARATE,
      "gpu_fwd_gqapack_bf16_d64_16x300_h12:2_causal"}, /* G 6: 32 positions a tile */
     {HF, 2, 33, 33, 9, 3, 64, GO_NONE, 0, 0, GL_SEPARATE, "gpu_fwd_gqapack_fp16_d64_33x33_h9:3"},
@@ -959,10 +966,14 @@ FC_TEST_REGISTER(gpu_fwd_dispatch) {
 /* The sm90ws launch line says pack=G when the G query heads of a KV head share
  * its query tiles, pack=1 when not: with FLASHC_CUDA_GQA_PACK unset, by
  * fwd.cu's rule (packed tiles fill better and take fewer waves over the SMs),
- * =1 wherever the kernel can (the persistent D128 instance, no ALiBi or
- * dropout), =0 never. FLASHC_CUDA_FAMILY=sm90 and =sm80 run their own kernels
- * (no packing), and so does any device but compute capability 9.0 (sm80
- * there). The results are checked as in the sweeps. */
+ * =1 wherever the kernel can (the persistent instances, D128's and D64's
+ * short-work row, no ALiBi or dropout), =0 never. It says short=1 when D64's
+ * short-work row runs: with FLASHC_CUDA_SHORT_ROW unset when a query row sees
+ * at most 1280 keys on average or the row packs the call, =1 always and =0
+ * never (D128 has no such row: short=0 whatever the variable says).
+ * FLASHC_CUDA_FAMILY=sm90 and =sm80 run their own kernels (no packing), and
+ * so does any device but compute capability 9.0 (sm80 there). The results are
+ * checked as in the sweeps. */
 typedef struct {
     const char *family;  /* FLASHC_CUDA_FAMILY */
     const char *kernel;  /* the kernel on compute capability 9.0 */
@@ -973,6 +984,8 @@ typedef struct {
     gpu_case b;
     gpu_varlen_xcase v;
     const char *name;
+    int want_short;       /* sm90ws's short= */
+    const char *shortenv; /* FLASHC_CUDA_SHORT_ROW, NULL: unset */
 } gpu_pack_dispatch_case;
 
 static void gpu_pack_dispatch_call(void *ctx) {
@@ -984,10 +997,12 @@ static void gpu_pack_dispatch_call(void *ctx) {
 static void gpu_run_pack_dispatch(const void *param) {
     const gpu_pack_dispatch_case *c = (const gpu_pack_dispatch_case *)param;
     gb_family fam;
-    gb_env env;
+    gb_env env, short_env;
     gb_family_enter(&fam, c->family);
     gb_env_enter(&env, "FLASHC_CUDA_GQA_PACK", c->packenv);
+    gb_env_enter(&short_env, "FLASHC_CUDA_SHORT_ROW", c->shortenv);
     char *log = th_capture_log("1", gpu_pack_dispatch_call, (void *)c);
+    gb_env_leave(&short_env);
     gb_env_leave(&env);
     gb_family_leave(&fam);
     FC_ASSERT_TRUE(log != NULL);
@@ -1007,6 +1022,10 @@ static void gpu_run_pack_dispatch(const void *param) {
         if (c->want_pairs >= 0 && (!pairs_at || atoi(pairs_at + 7) != c->want_pairs))
             fc_test_fail(__FILE__, __LINE__, "want pairs=%d in the launch line:\n%s",
                          c->want_pairs, line);
+        const char *short_at = strstr(line, " short=");
+        if (!short_at || atoi(short_at + 7) != c->want_short)
+            fc_test_fail(__FILE__, __LINE__, "want short=%d in the launch line:\n%s",
+                         c->want_short, line);
     }
     free(log);
 }
@@ -1043,9 +1062,28 @@ static const gpu_pack_dispatch_case gpu_pdcases[] = {
      .name = "gpu_fwd_dispatch_gqapack_force_d128_16x512_h32:4_causal_pack8_pairs0"},
     {"auto", WS, 8, "1", 1, 0, B_(HF, 8, 33, 100, 128, 16, 128, GO_CAUSAL),
      .name = "gpu_fwd_dispatch_gqapack_force_d128_8x33x100_h128:16_causal_pack8_pairs1"},
-    /* D64's instance is one-tile: it does not pack */
+    /* G = 6 is no power of two: D64's short-work row runs (292 keys a row), unpacked */
     {"auto", WS, 1, "1", -1, 0, B_(HF, 2, 16, 300, 12, 2, 64, GO_CAUSAL),
-     .name = "gpu_fwd_dispatch_gqapack_force_d64_16x300_h12:2_causal_pack1"},
+     .name = "gpu_fwd_dispatch_gqapack_force_d64_16x300_h12:2_causal_pack1", .want_short = 1},
+    /* D64's rows by the rule: the short-work row up to 1280 keys a query row
+     * (1024; 2048 causal: 1024.5 on average), or where it packs (2048 keys,
+     * 256 tiles of 16 rows against 32 packed); its three-consumer row at 2048 */
+    {"auto", WS, 1, NULL, -1, 0, B_(BF, 1, 1024, 1024, 2, 2, 64, GO_NONE),
+     .name = "gpu_fwd_dispatch_short_auto_d64_1024x1024", .want_short = 1},
+    {"auto", WS, 1, NULL, -1, 0, B_(HF, 1, 2048, 2048, 2, 2, 64, GO_NONE),
+     .name = "gpu_fwd_dispatch_short_auto_d64_2048x2048_long", .want_short = 0},
+    {"auto", WS, 1, NULL, -1, 0, B_(BF, 1, 2048, 2048, 2, 1, 64, GO_CAUSAL),
+     .name = "gpu_fwd_dispatch_short_auto_d64_2048x2048_h2:1_causal", .want_short = 1},
+    {"auto", WS, 8, NULL, -1, 0, B_(BF, 8, 16, 2048, 32, 4, 64, GO_NONE),
+     .name = "gpu_fwd_dispatch_short_auto_d64_8x16x2048_h32:4_pack8", .want_short = 1},
+    /* FLASHC_CUDA_SHORT_ROW: =0 never, =1 always where the head dim has the row */
+    {"auto", WS, 1, NULL, -1, 0, B_(BF, 1, 1024, 1024, 2, 2, 64, GO_CAUSAL),
+     .name = "gpu_fwd_dispatch_short_never_d64_1024x1024_causal", .want_short = 0,
+     .shortenv = "0"},
+    {"auto", WS, 1, NULL, -1, 0, B_(HF, 1, 2048, 2048, 2, 2, 64, GO_NONE),
+     .name = "gpu_fwd_dispatch_short_force_d64_2048x2048", .want_short = 1, .shortenv = "1"},
+    {"auto", WS, 1, NULL, -1, 0, B_(BF, 1, 300, 300, 2, 2, 128, GO_NONE),
+     .name = "gpu_fwd_dispatch_short_force_d128_300x300", .want_short = 0, .shortenv = "1"},
     {"sm90", "sm90_fwd_kernel<", 0, "1", -1, 0, B_(BF, 2, 16, 512, 32, 4, 128, GO_NONE),
      .name = "gpu_fwd_dispatch_gqapack_sm90_d128_16x512_h32:4"},
     {"sm80", "sm80_fwd_kernel<", 0, "1", -1, 0, B_(BF, 2, 16, 512, 32, 4, 128, GO_NONE),

@@ -27,8 +27,9 @@
  * across many CTAs), 1, 3, 7 and 200 (clamped); head dims 32 to 256, 80 (a
  * padded instance), 36 and a misaligned q (the forward kernel's repack);
  * GQA groups of 4 to 16 past 128 packed rows (Sq 17 to 40) on the forward
- * kernel, which on sm90ws at head dims 65..128 packs the group's query heads
- * into its query tiles (the D64, D192 and D256 ones run unpacked):
+ * kernel, which on sm90ws at head dims 33..128 packs the group's query heads
+ * into its query tiles (D64 in its short-work row; the D192 and D256 ones run
+ * unpacked):
  * paged (pages of 16 and 256) and contiguous caches, cache_seqlens of 0 to 999
  * per sequence, causal, windows, softcap, no lse, k_new appended (with rotary),
  * leftpad and cache_batch_idx, head dims 64, 80, 128, 192 and 256, and ALiBi
@@ -428,7 +429,7 @@ static const gk_case gk_cases[] = {
     {HF, 2, 40, 4, 1, 128, 400, 16, .seqlens = 2, .cs = {100, 300}, .leftpad = 1,
      .lp = {8, 40}, .causal = 1}, /* paged with leftpad: the sm90 family on sm90 */
     {BF, 2, 50, 6, 2, 64, 333, 0, .seqlens = 2, .cs = {200, 117}, .Snew = 3, .leftpad = 1,
-     .lp = {9, 100}, .batch_idx = 1, .causal = 1}, /* sm90ws: leftpad and batch idx, 3 consumers */
+     .lp = {9, 100}, .batch_idx = 1, .causal = 1}, /* sm90ws: leftpad and batch idx (D64 rows) */
     {BF, 2, 0, 4, 2, 64, 50, 0, .seqlens = 2, .cs = {10, 20}, .Snew = 2, .rotary = 64,
      .interleaved = 1}, /* no query rows: only the append */
 
@@ -439,7 +440,7 @@ static const gk_case gk_cases[] = {
      .causal = 1, .pack = 1}, /* G 8: 320 rows; 39 rows of b 0 see no key */
     {HF, 2, 20, 32, 2, 128, 1024, 256, .seqlens = 2, .cs = {1000, 257}, .pack = 1}, /* G 16: 320 rows */
     {BF, 2, 40, 8, 1, 64, 500, 16, .seqlens = 2, .cs = {100, 417}, .Snew = 40, .rotary = 64,
-     .causal = 1, .pack = 1}, /* G 8 at D64 (not packed: one-tile), k_new appended */
+     .causal = 1, .pack = 1}, /* G 8 at D64 (D64's short-work row), k_new appended */
     {HF, 4, 20, 16, 1, 256, 300, 0, .seqlens = 2, .cs = {0, 1, 150, 280}, .win = 1, .wl = 64,
      .wr = -1, .pack = 1}, /* G 16, an empty cache */
     {BF, 2, 17, 24, 3, 80, 200, 0, .seqlens = 2, .cs = {40, 150}, .leftpad = 1, .lp = {7, 2},
@@ -448,7 +449,7 @@ static const gk_case gk_cases[] = {
     {HF, 2, 40, 16, 4, 128, 600, 256, .seqlens = 2, .cs = {255, 500}, .Snew = 8, .win = 1,
      .wl = 100, .wr = 20, .nolse = 1, .pack = 1}, /* G 4: 160 rows */
     {HF, 2, 33, 64, 4, 64, 1000, 16, .seqlens = 2, .cs = {999, 17}, .Snew = 1,
-     .softcap = 30.0f, .pack = 1}, /* G 16 at D64 (not packed) */
+     .softcap = 30.0f, .pack = 1}, /* G 16 at D64 (D64's short-work row) */
     {BF, 1, 20, 16, 1, 192, 300, 16, .seqlens = 1, .cs = {250},
      .causal = 1, .pack = 1}, /* G 16 at D192 (not packed): 96-key tiles of 6 pages */
     {BF, 2, 40, 16, 2, 128, 400, 16, .seqlens = 2, .cs = {200, 390}, .alibi = 2,

@@ -29,6 +29,9 @@
 //              of a KV head share query tiles: short query sequences fill
 //              the tiles, and each K/V tile serves G heads (fwd.cu
 //              fc_sm90ws_pack says when)
+//   rows       a head dim's instance is its row of the tuning table, or its
+//              short-work row (kShort; traits.h FC_SM90WS_FWD_SHORT_TILES,
+//              fwd.cu fc_sm90ws_short says when)
 //
 // Operands are read through TMA descriptors (ws_params.h): batched and varlen
 // q, k, v, a cache through cache_batch_idx and cache_leftpad, and paged K/V
@@ -39,9 +42,10 @@
 // shared memory before O += P V reads them (0 * NaN is NaN). Other page
 // sizes and paged K/V with cache_leftpad run on the sm90 family (fwd.cu).
 //
-// Not here yet: persistence at D64 (its three consumers at 160 registers
-// spill 3x as much in the tile loop) and at D192 / D256 (a second Q buffer
-// does not fit), a dynamic tile counter for varlen and windows, a TMA store
+// Not here yet: persistence for D64's long work (its three consumers at 160
+// registers spill 3x as much in the tile loop; two persistent consumers are
+// its short-work row) and at D192 / D256 (a second Q buffer does not fit),
+// a dynamic tile counter for varlen and windows, a TMA store
 // of O, GQA packing in the one-tile instances, a cp.async producer for pages
 // a TMA box cannot cover.
 #ifndef FLASHC_CUDA_SM90WS_FWD_KERNEL_CUH
@@ -179,11 +183,11 @@ __device__ __forceinline__ void fc_ws_store_empty(const fc_cuda_fwd_params &p, i
 // kCache: K/V rows through a cache's indirection (block_table, cache_batch_idx,
 // cache_leftpad); the other kernel's producer has none of that code. kPack:
 // GQA packing (persistent instances only).
-template <int D, typename T, bool kCausal, bool kCache, bool kPack>
-__global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
+template <int D, bool kShort, typename T, bool kCausal, bool kCache, bool kPack>
+__global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D, kShort>::kThreads, 1)
     sm90ws_fwd_kernel(const __grid_constant__ fc_cuda_fwd_ws_params P) {
     const fc_cuda_fwd_params &p = P.f;
-    using Tr = fc_sm90ws_fwd_traits<D>;
+    using Tr = fc_sm90ws_fwd_traits<D, kShort>;
     static_assert(!kPack || Tr::kPersistent, "GQA packing: persistent instances");
     using Sched = fc_ws_schedule<kCausal, Tr::kPersistent, kPack>;
     constexpr int Br = Tr::kBr, Bc = Tr::kBc, S = Tr::kStages, QB = Tr::kQBufs;
@@ -516,12 +520,12 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D>::kThreads, 1)
     }
 }
 
-template <int D, typename T, bool kCausal, bool kCache, bool kPack>
+template <int D, bool kShort, typename T, bool kCausal, bool kCache, bool kPack>
 cudaError_t sm90ws_fwd_launch_kernel(const fc_cuda_fwd_ws_params &p, dim3 grid,
                                      cudaStream_t stream) {
-    using Tr = fc_sm90ws_fwd_traits<D>;
+    using Tr = fc_sm90ws_fwd_traits<D, kShort>;
     static std::atomic<uint64_t> smem_set{0};  // bit d: the limit is raised on device d
-    return fc_launch_kernel(sm90ws_fwd_kernel<D, T, kCausal, kCache, kPack>, &smem_set,
+    return fc_launch_kernel(sm90ws_fwd_kernel<D, kShort, T, kCausal, kCache, kPack>, &smem_set,
                             Tr::kSmemBytes, Tr::kThreads, grid, stream, p);
 }
 
@@ -529,18 +533,27 @@ cudaError_t sm90ws_fwd_launch_kernel(const fc_cuda_fwd_ws_params &p, dim3 grid,
 // ptxas allocates the consumers' registers differently, which measured 1-3%
 // slower at S = 1k (bench/NOTES.md, issue 18 run 29). So does GQA packing
 // (p.pack > 1, persistent instances).
-template <int D, typename T, bool kCausal, bool kCache>
+template <int D, bool kShort, typename T, bool kCausal, bool kCache>
 cudaError_t sm90ws_fwd_launch_cache(const fc_cuda_fwd_ws_params &p, dim3 grid,
                                     cudaStream_t stream) {
-    if constexpr (fc_sm90ws_fwd_traits<D>::kPersistent)
-        if (p.pack > 1) return sm90ws_fwd_launch_kernel<D, T, kCausal, kCache, true>(p, grid, stream);
-    return sm90ws_fwd_launch_kernel<D, T, kCausal, kCache, false>(p, grid, stream);
+    if constexpr (fc_sm90ws_fwd_traits<D, kShort>::kPersistent)
+        if (p.pack > 1)
+            return sm90ws_fwd_launch_kernel<D, kShort, T, kCausal, kCache, true>(p, grid, stream);
+    return sm90ws_fwd_launch_kernel<D, kShort, T, kCausal, kCache, false>(p, grid, stream);
 }
+template <int D, bool kShort, typename T, bool kCausal>
+cudaError_t sm90ws_fwd_launch_row(const fc_cuda_fwd_ws_params &p, dim3 grid, cudaStream_t stream) {
+    return p.f.block_table || p.f.k_batch_idx || p.f.k_leftpad
+               ? sm90ws_fwd_launch_cache<D, kShort, T, kCausal, true>(p, grid, stream)
+               : sm90ws_fwd_launch_cache<D, kShort, T, kCausal, false>(p, grid, stream);
+}
+// The instance of head dim D: its short-work row's kernels when p.short_row
+// (traits.h; fwd.cu sized the grid and the TMA boxes for that row).
 template <int D, typename T, bool kCausal>
 cudaError_t sm90ws_fwd_launch(const fc_cuda_fwd_ws_params &p, dim3 grid, cudaStream_t stream) {
-    return p.f.block_table || p.f.k_batch_idx || p.f.k_leftpad
-               ? sm90ws_fwd_launch_cache<D, T, kCausal, true>(p, grid, stream)
-               : sm90ws_fwd_launch_cache<D, T, kCausal, false>(p, grid, stream);
+    if constexpr (fc_sm90ws_fwd_has_short<D>::value)
+        if (p.short_row) return sm90ws_fwd_launch_row<D, true, T, kCausal>(p, grid, stream);
+    return sm90ws_fwd_launch_row<D, false, T, kCausal>(p, grid, stream);
 }
 
 #endif  // FLASHC_CUDA_SM90WS_FWD_KERNEL_CUH
