@@ -5,8 +5,8 @@ most code imports flash_attn from.
 
 It holds the seven public functions (interface.py's) and the four private ops of
 flash_attn 2.7/2.8 that integrators call directly (ring-flash-attn and the other
-context-parallel wrappers built on it): one forward or one backward, no autograd, with
-flash_attn's parameter names, order, defaults and returns (Dao-AILab/flash-attention,
+context-parallel wrappers built on it): one forward or one backward, with flash_attn's
+parameter names, order, defaults and returns (Dao-AILab/flash-attention,
 flash_attn/flash_attn_interface.py as of 2.8.3; earlier 2.7 releases have the same
 lists without the varlen ops' zero_tensors):
 
@@ -37,6 +37,9 @@ reads to build its keyword arguments, see the parameter list. Each makes one C c
 through interface.py's ops (flashc_fwd, flashc_varlen_fwd, flashc_bwd, flashc_varlen_bwd).
 
 The returns, against flash_attn's:
+- out of a forward called in grad mode is differentiable (interface.py's ops carry their
+  backward; flash_attn's have none); context-parallel wrappers call the forward inside
+  their own autograd.Function, where grad mode is off.
 - out, softmax_lse: as flash_attn (lse fp32 [B, H, Sq], varlen [H, total_q]); out keeps
   the head dim as given (flash_attn pads it to a multiple of 8: flashc needs no padding).
 - S_dmask: with return_softmax, the probabilities as flash_attn_func's

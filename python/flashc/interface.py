@@ -3,12 +3,16 @@
 The seven functions of flash_attn.flash_attn_interface, with its names, positional
 order, defaults and returns. CPU tensors go to flashc's CPU backend, CUDA tensors to
 its CUDA backend on torch.cuda.current_stream(); outputs and workspaces are
-allocated by torch. The six differentiable functions share one
-torch.autograd.Function (packing and varlen are its arguments): the forward saves
-q, k, v, out, softmax_lse and the dropout (seed, offset), the backward regenerates
-the same dropout mask from them. On torch >= 2.4 each C entry point is a
+allocated by torch. The six differentiable functions save q, k, v, out, softmax_lse
+and the dropout (seed, offset) of their forward, and the backward regenerates the
+same dropout mask from them. On torch >= 2.4 each C entry point is a
 torch.library.custom_op (flashc::fwd, ::varlen_fwd, ::bwd, ::varlen_bwd,
-::fwd_kvcache) with a fake implementation, so torch.compile traces through it.
+::fwd_kvcache) with a fake implementation, and the two forward ops carry their backward
+(register_autograd), so that torch.compile and torch.export trace through them, the
+backward included (tests/python/test_ops.py runs torch.library.opcheck on each). The
+packed functions go through one torch.autograd.Function (_FlashAttnFunc) instead, to
+return one gradient for qkv (kv), except while torch.export traces them, as do all
+six on torch < 2.4.
 
 Where flashc differs from flash_attn on purpose:
 - head dims that are not a multiple of 8 are passed as they are: the library takes
@@ -178,10 +182,11 @@ def _no_grads(dq, dk, dv):
 # ---- the C entry points as ops ----
 # q: [B, Sq, H, D]  k, v: [B, Sk, Hk, D]  out: [B, Sq, H, D]  lse: [B, H, Sq] fp32
 # probs: fp32 [B, H, Sq, Sk] when return_probs, else [0]
+# deterministic (both forward ops): read only by their registered backward (_op_backward)
 @_op("fwd")
 def _fwd(q: Tensor, k: Tensor, v: Tensor, alibi_slopes: Optional[Tensor], dropout_p: float,
          softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
-         softcap: float, return_probs: bool, seed: int, offset: int
+         softcap: float, return_probs: bool, seed: int, offset: int, deterministic: bool = False
          ) -> Tuple[Tensor, Tensor, Tensor]:
     out, lse, probs = _fwd_fake(q, k, v, alibi_slopes, dropout_p, softmax_scale, causal,
                                 window_left, window_right, softcap, return_probs, seed, offset)
@@ -196,7 +201,7 @@ def _fwd(q: Tensor, k: Tensor, v: Tensor, alibi_slopes: Optional[Tensor], dropou
 
 @_fake(_fwd)
 def _fwd_fake(q, k, v, alibi_slopes, dropout_p, softmax_scale, causal, window_left,
-              window_right, softcap, return_probs, seed, offset):
+              window_right, softcap, return_probs, seed, offset, deterministic=False):
     b, sq, h, _ = q.shape
     probs = (b, h, sq, k.shape[1]) if return_probs else (0,)
     return _empty(q.shape, q), _empty((b, h, sq), q, torch.float32), \
@@ -211,8 +216,8 @@ def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlen
                 max_seqlen_q: int, max_seqlen_k: int, block_table: Optional[Tensor],
                 seqused_k: Optional[Tensor], alibi_slopes: Optional[Tensor], dropout_p: float,
                 softmax_scale: Optional[float], causal: bool, window_left: int,
-                window_right: int, softcap: float, return_probs: bool, seed: int, offset: int
-                ) -> Tuple[Tensor, Tensor, Tensor]:
+                window_right: int, softcap: float, return_probs: bool, seed: int, offset: int,
+                deterministic: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     out, lse, probs = _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                        max_seqlen_k, block_table, seqused_k, alibi_slopes,
                                        dropout_p, softmax_scale, causal, window_left,
@@ -232,7 +237,8 @@ def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlen
 @_fake(_varlen_fwd)
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                      block_table, seqused_k, alibi_slopes, dropout_p, softmax_scale, causal,
-                     window_left, window_right, softcap, return_probs, seed, offset):
+                     window_left, window_right, softcap, return_probs, seed, offset,
+                     deterministic=False):
     total, h, _ = q.shape
     probs = (cu_seqlens_q.shape[0] - 1, h, max_seqlen_q, max_seqlen_k) if return_probs else (0,)
     return _empty(q.shape, q), _empty((h, total), q, torch.float32), \
@@ -364,49 +370,111 @@ def _grad_buffers(packing, q, k, v, axis):
     return (dq, dk, dv), (dq, dk, dv)
 
 
+# The forward ops carry their backward (register_autograd), so that flashc::fwd and
+# ::varlen_fwd are differentiable wherever they are called: eagerly, in a torch.compile
+# graph, in a program from torch.export, whose strict mode runs an autograd.Function's
+# forward under no_grad (its output would have no gradient). _FlashAttnFunc serves the
+# packed functions outside torch.export, to return one gradient tensor for qkv (or kv) with
+# dq, dk, dv written into views of it, as flash_attn does, and every function on torch
+# < 2.4 (no custom ops). Both save and run the backward with _save and _backward_into.
+def _save(ctx, inputs, output, varlen):
+    """Save what the backward of one forward op call needs, from the op's inputs and
+    outputs (the op's whole argument list); varlen: the op was flashc::varlen_fwd."""
+    q, k, v = inputs[:3]
+    (alibi_slopes, dropout_p, softmax_scale, causal, window_left, window_right, softcap, _,
+     seed, offset, deterministic) = inputs[-11:]
+    cu_q, cu_k = inputs[3:5] if varlen else (None, None)
+    out, lse, probs = output
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_q, cu_k)
+    # varlen: max_seqlen_q, max_seqlen_k, and whether block_table or seqused_k was given
+    ctx.varlen = (inputs[5], inputs[6], inputs[7] is not None or inputs[8] is not None) \
+        if varlen else None
+    ctx.rest = (dropout_p, softmax_scale, causal, window_left, window_right, softcap,
+                deterministic, seed, offset)
+    ctx.n_inputs = len(inputs)
+    ctx.mark_non_differentiable(lse, probs)
+
+
+def _backward_into(ctx, dout, dq, dk, dv):
+    """The backward of the forward call _save saved, written into dq, dk, dv."""
+    q, k, v, out, lse, alibi_slopes, cu_q, cu_k = ctx.saved_tensors
+    dout = _maybe_contiguous(dout)
+    if ctx.varlen is None:
+        _bwd(dout, q, k, v, out, lse, dq, dk, dv, alibi_slopes, *ctx.rest)
+        return
+    max_q, max_k, paged = ctx.varlen
+    if paged:
+        raise _lib.FlashcError(_lib.ERR_UNSUPPORTED, "flash_attn_varlen_func: no backward "
+                               "through a paged KV cache (block_table) or seqused_k")
+    _varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, alibi_slopes,
+                *ctx.rest)
+
+
+def _op_backward(ctx, dout, _dlse, _dprobs):
+    """The registered backward of flashc::fwd and ::varlen_fwd: the gradients of q, k, v."""
+    dq, dk, dv = (torch.empty_like(t) for t in ctx.saved_tensors[:3])
+    _backward_into(ctx, dout, dq, dk, dv)
+    return (dq, dk, dv) + (None,) * (ctx.n_inputs - 3)
+
+
+if _CUSTOM_OP:
+    _fwd.register_autograd(_op_backward, setup_context=lambda ctx, inputs, output:
+                           _save(ctx, inputs, output, False))
+    _varlen_fwd.register_autograd(_op_backward, setup_context=lambda ctx, inputs, output:
+                                  _save(ctx, inputs, output, True))
+
+
+def _forward_call(q, k, v, varlen, dropout_p, softmax_scale, causal, window_size, softcap,
+                  alibi_slopes, deterministic, return_probs):
+    """(op, its arguments) of one forward: flashc::fwd (varlen None) or ::varlen_fwd (varlen
+    = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table)), the dropout
+    (seed, offset) drawn here."""
+    mask = (dropout_p, softmax_scale, causal, window_size[0], window_size[1], softcap)
+    return_probs = _probs_written(q.device, dropout_p, return_probs)
+    max_k = k.shape[1] if varlen is None else varlen[3]
+    rng = _draw_rng(q.device, max_k) if dropout_p > 0 else (0, 0)
+    if varlen is None:
+        return _fwd, (q, k, v, alibi_slopes) + mask + (return_probs,) + rng + (deterministic,)
+    return _varlen_fwd, (q, k, v) + tuple(varlen) + (None, alibi_slopes) + mask + \
+        (return_probs,) + rng + (deterministic,)
+
+
 class _FlashAttnFunc(torch.autograd.Function):
-    """flash attention forward and backward. packing: "" (q, k, v), "qkv" (qkv, None,
-    None) or "kv" (q, kv, None). varlen: None (batched) or (cu_seqlens_q,
-    cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table). Returns out,
-    softmax_lse, probs (lse and probs not differentiable)."""
+    """flash attention forward and backward. packing: "" (q, k, v), "qkv" (qkv, None, None)
+    or "kv" (q, kv, None); the other arguments as _forward_call's. Returns out, softmax_lse,
+    probs (lse and probs not differentiable); the backward returns one gradient for a packed
+    tensor."""
 
     @staticmethod
-    def forward(ctx, packing, a, b, c, varlen, dropout_p, softmax_scale, causal, window_size,
-                softcap, alibi_slopes, deterministic, return_probs):
+    def forward(ctx, packing, a, b, c, varlen, *rest):
         axis = 2 if varlen is None else 1
-        q, k, v = _split(packing, a, b, c, axis)
-        mask = (dropout_p, softmax_scale, causal, window_size[0], window_size[1], softcap)
-        return_probs = _probs_written(q.device, dropout_p, return_probs)
-        if varlen is None:
-            seed, offset = _draw_rng(q.device, k.shape[1]) if dropout_p > 0 else (0, 0)
-            out, lse, probs = _fwd(q, k, v, alibi_slopes, *mask, return_probs, seed, offset)
-            cu_q = cu_k = None
-        else:
-            cu_q, cu_k, max_q, max_k, block_table = varlen
-            seed, offset = _draw_rng(q.device, max_k) if dropout_p > 0 else (0, 0)
-            out, lse, probs = _varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, block_table, None,
-                                          alibi_slopes, *mask, return_probs, seed, offset)
-        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_q, cu_k)
-        ctx.packing, ctx.axis, ctx.varlen = packing, axis, varlen
-        ctx.rest = mask + (deterministic, seed, offset)
-        ctx.mark_non_differentiable(lse, probs)
-        return out, lse, probs
+        op, inputs = _forward_call(*_split(packing, a, b, c, axis), varlen, *rest)
+        output = op(*inputs)
+        _save(ctx, inputs, output, varlen is not None)
+        ctx.packing, ctx.axis = packing, axis
+        return output
 
     @staticmethod
     def backward(ctx, dout, _dlse, _dprobs):
-        q, k, v, out, lse, alibi_slopes, cu_q, cu_k = ctx.saved_tensors
-        dout = _maybe_contiguous(dout)
-        grads, (dq, dk, dv) = _grad_buffers(ctx.packing, q, k, v, ctx.axis)
-        if ctx.varlen is None:
-            _bwd(dout, q, k, v, out, lse, dq, dk, dv, alibi_slopes, *ctx.rest)
-        else:
-            _, _, max_q, max_k, block_table = ctx.varlen
-            if block_table is not None:
-                raise _lib.FlashcError(_lib.ERR_UNSUPPORTED, "flash_attn_varlen_func: no "
-                                       "backward through a paged KV cache (block_table)")
-            _varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k,
-                        alibi_slopes, *ctx.rest)
+        grads, (dq, dk, dv) = _grad_buffers(ctx.packing, *ctx.saved_tensors[:3], ctx.axis)
+        _backward_into(ctx, dout, dq, dk, dv)
         return (None,) + grads + (None,) * 9
+
+
+def _exporting():
+    """Whether torch.export is tracing the call (torch.compiler.is_exporting, torch >= 2.5)."""
+    is_exporting = getattr(getattr(torch, "compiler", None), "is_exporting", None)
+    return bool(is_exporting and is_exporting())
+
+
+def _attention(packing, a, b, c, varlen, *rest):
+    """out, softmax_lse, probs of q, k, v ("" packing) or of a packed qkv or kv (_split);
+    the other arguments as _forward_call's. Differentiable."""
+    if not _CUSTOM_OP or (packing and not _exporting()):
+        return _FlashAttnFunc.apply(packing, a, b, c, varlen, *rest)
+    op, inputs = _forward_call(*_split(packing, a, b, c, 2 if varlen is None else 1), varlen,
+                               *rest)
+    return op(*inputs)
 
 
 _BSHD = "(batch, seqlen, nheads, headdim)"
@@ -438,10 +506,9 @@ def _attn(fn, packing, a, b, c, varlen, dropout_p, softmax_scale, causal, window
                       {3: _THD, 4: "(num_blocks, page_size, nheads, headdim)"})
             _rank(fn, "k", b, shapes)
             _rank(fn, "v", c, shapes)
-    out, lse, probs = _FlashAttnFunc.apply(packing, a, b, c, varlen, dropout_p,
-                                           _scale(softmax_scale), causal, _window(window_size),
-                                           softcap, alibi_slopes, deterministic,
-                                           return_attn_probs)
+    out, lse, probs = _attention(packing, a, b, c, varlen, dropout_p, _scale(softmax_scale),
+                                 causal, _window(window_size), softcap, alibi_slopes,
+                                 deterministic, return_attn_probs)
     return (out, lse, probs) if return_attn_probs else out
 
 

@@ -129,10 +129,9 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
             _fa2._arg_error("%s: qkv.shape[2]=%d but must be num_heads_q=%d + 2 * nheads_k"
                             % (fn, qkv.shape[2], num_heads_q))
         (a, b, c), packing = qkv.split([num_heads_q, hk, hk], dim=2), ""
-    out, lse, _ = _fa2._FlashAttnFunc.apply(packing, a, b, c, None, 0.0,
-                                            _fa2._scale(softmax_scale), causal,
-                                            _window(window_size), softcap, None,
-                                            deterministic, False)
+    out, lse, _ = _fa2._attention(packing, a, b, c, None, 0.0, _fa2._scale(softmax_scale),
+                                  causal, _window(window_size), softcap, None, deterministic,
+                                  False)
     return _returns(out, lse, return_attn_probs)
 
 
@@ -151,9 +150,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
                  attention_chunk=attention_chunk)
     for name, t in (("q", q), ("k", k), ("v", v)):
         _fa2._rank(fn, name, t, {4: _fa2._BSHD})
-    out, lse, _ = _fa2._FlashAttnFunc.apply("", q, k, v, None, 0.0, _fa2._scale(softmax_scale),
-                                            causal, _window(window_size), softcap, None,
-                                            deterministic, False)
+    out, lse, _ = _fa2._attention("", q, k, v, None, 0.0, _fa2._scale(softmax_scale), causal,
+                                  _window(window_size), softcap, None, deterministic, False)
     return _returns(out, lse, return_attn_probs)
 
 
@@ -204,8 +202,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         rows_k, new_cu_k = _used_rows(cu_seqlens_k, seqused_k, k.shape[0])
         k, v = k.index_select(0, rows_k), v.index_select(0, rows_k)
     varlen = (new_cu_q, new_cu_k, int(max_seqlen_q), int(max_seqlen_k), None)
-    out, lse, _ = _fa2._FlashAttnFunc.apply("", q, k, v, varlen, 0.0, _fa2._scale(softmax_scale),
-                                            causal, window, softcap, None, deterministic, False)
+    out, lse, _ = _fa2._attention("", q, k, v, varlen, 0.0, _fa2._scale(softmax_scale), causal,
+                                  window, softcap, None, deterministic, False)
     if rows_q is not None:  # scatter back: unused rows out = 0, lse = -inf
         out = out.new_zeros((total_q,) + tuple(out.shape[1:])).index_copy(0, rows_q, out)
         lse = lse.new_full((lse.shape[0], total_q), -math.inf).index_copy(1, rows_q, lse)

@@ -727,25 +727,6 @@ def test_bad_input(device):
                                        v=kc[:, :1, :, :8].contiguous(), cache_seqlens=2)
 
 
-# ---- torch.compile ----
-@pytest.mark.skipif(not interface._CUSTOM_OP, reason="torch < 2.4 has no torch.library.custom_op")
-def test_torch_compile():
-    q, k, v = (rand(1, 8, 2, 16, seed=s).requires_grad_() for s in (80, 81, 82))
-
-    def fn(q, k, v):
-        return flashc.flash_attn_func(q, k, v, causal=True).square().sum()
-    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
-    loss = compiled(q, k, v)
-    loss.backward()
-    grads = [t.grad.clone() for t in (q, k, v)]
-    for t in (q, k, v):
-        t.grad = None
-    fn(q, k, v).backward()
-    assert torch.allclose(loss, fn(q, k, v))
-    for a, t in zip(grads, (q, k, v)):
-        assert torch.allclose(a, t.grad)
-
-
 # ---- bert_padding and rotary ----
 @pytest.mark.parametrize("device", DEVICES)
 def test_bert_padding(device):

@@ -1,0 +1,279 @@
+"""test_ops.py : flashc's torch.library custom ops (python/flashc/interface.py) under torch's
+own checks, on CPU tensors.
+
+- torch.library.opcheck on each op, flashc::fwd, ::varlen_fwd, ::bwd, ::varlen_bwd and
+  ::fwd_kvcache, for a few argument sets each (GQA, causal, window, softcap, ALiBi, dropout,
+  varlen, paged, the KV-cache append with rotary): the schema and its mutation annotations,
+  the fake implementation against the real one, the registered autograd of the two forward
+  ops (inputs that require grad), and AOTAutograd with dynamic shapes, gradients included.
+- torch.compile(fullgraph=True) of a loss through flash_attn_func, the packed functions,
+  flash_attn_varlen_func and flashc.v3.flash_attn_func: the loss and every gradient against
+  eager.
+- torch.export.export (strict and not) of a small module that calls flash_attn_func, with a
+  dynamic batch and sequence length: the graph calls flashc::fwd, the exported program's
+  output on other shapes and its parameters' gradients against eager.
+
+Run:  FLASHC_LIBRARY=build/libflashc.so PYTHONPATH=python python3 -m pytest tests/python -q
+"""
+import pytest
+import torch
+
+import flashc
+from flashc import interface, v3
+from test_flashc import cu, rand
+
+pytestmark = pytest.mark.skipif(not interface._CUSTOM_OP,
+                                reason="torch < 2.4 has no torch.library.custom_op")
+
+OPS = ("fwd", "varlen_fwd", "bwd", "varlen_bwd", "fwd_kvcache")
+
+
+def opcheck(name, args):
+    """torch.library.opcheck of flashc::name with args; every check must pass."""
+    results = torch.library.opcheck(getattr(torch.ops.flashc, name).default, args)
+    assert set(results.values()) == {"SUCCESS"}, results
+
+
+def leaf(t, grad):
+    return t.detach().clone().requires_grad_(grad)
+
+
+def test_every_op_checked():
+    """The ops opcheck covers here are the ones interface.py registers."""
+    registered = {name for name in dir(torch.ops.flashc) if not name.startswith("_")} - {
+        "name"}
+    assert registered >= set(OPS), registered
+    assert set(OPS) >= {n for n in registered if hasattr(getattr(torch.ops.flashc, n),
+                                                         "default")}, registered
+
+
+# ---- forward and backward, batched ----
+# mask arguments in the ops' order: dropout_p, softmax_scale, causal, window_left,
+# window_right, softcap
+MASKS = {
+    "plain": (0.0, None, False, -1, -1, 0.0),
+    "causal": (0.0, None, True, -1, -1, 0.0),
+    "window": (0.0, 0.7, False, 2, 1, 0.0),
+    "causal-window-softcap": (0.0, None, True, 3, 0, 2.0),
+    "dropout": (0.25, None, False, -1, -1, 0.0),
+}
+BATCHED = [(2, 5, 7, 4, 2, 16), (1, 6, 6, 3, 3, 8)]  # B, Sq, Sk, H, Hk, D
+
+
+def batched(shape, grad=False):
+    b, sq, sk, h, hk, d = shape
+    return (leaf(rand(b, sq, h, d, seed=1), grad), leaf(rand(b, sk, hk, d, seed=2), grad),
+            leaf(rand(b, sk, hk, d, seed=3), grad))
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("shape", BATCHED, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("grad", [False, True], ids=["nograd", "grad"])
+def test_opcheck_fwd(mask, shape, grad):
+    q, k, v = batched(shape, grad)
+    alibi = rand(q.shape[2], seed=4).abs() if mask == "plain" else None
+    for return_probs, deterministic in ((False, False), (True, True)):
+        opcheck("fwd", (q, k, v, alibi) + MASKS[mask] + (return_probs, 11, 0, deterministic))
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("shape", BATCHED, ids=lambda s: "x".join(map(str, s)))
+def test_opcheck_bwd(mask, shape):
+    q, k, v = batched(shape)
+    out, lse, _ = torch.ops.flashc.fwd(q, k, v, None, *MASKS[mask], False, 11, 0)
+    dout = rand(*out.shape, seed=5)
+    for deterministic in (False, True):
+        grads = tuple(torch.empty_like(t) for t in (q, k, v))
+        opcheck("bwd", (dout, q, k, v, out, lse) + grads + (None,) + MASKS[mask] +
+                (deterministic, 11, 0))
+
+
+# ---- forward and backward, varlen ----
+LENS = ([3, 0, 5], [5, 2, 4])  # per sequence: queries, keys
+
+
+def varlen(h=4, hk=2, d=16, grad=False):
+    (lq, lk) = LENS
+    q = leaf(rand(sum(lq), h, d, seed=6), grad)
+    k, v = (leaf(rand(sum(lk), hk, d, seed=s), grad) for s in (7, 8))
+    return q, k, v, cu(lq, "cpu"), cu(lk, "cpu"), max(lq), max(lk)
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("grad", [False, True], ids=["nograd", "grad"])
+def test_opcheck_varlen_fwd(mask, grad):
+    q, k, v, cu_q, cu_k, max_q, max_k = varlen(grad=grad)
+    for return_probs, deterministic in ((False, False), (True, True)):
+        opcheck("varlen_fwd", (q, k, v, cu_q, cu_k, max_q, max_k, None, None, None) +
+                MASKS[mask] + (return_probs, 11, 0, deterministic))
+
+
+def test_opcheck_varlen_fwd_paged_seqused():
+    """A paged cache (block_table) and seqused_k: forward only."""
+    q, _, _, cu_q, cu_k, max_q, _ = varlen()
+    k_pages, v_pages = rand(6, 4, 2, 16, seed=9), rand(6, 4, 2, 16, seed=10)
+    block_table = torch.tensor([[5, 0], [1, 2], [3, 4]], dtype=torch.int32)
+    seqused_k = torch.tensor([5, 2, 3], dtype=torch.int32)
+    for used in (None, seqused_k):
+        opcheck("varlen_fwd", (q, k_pages, v_pages, cu_q, cu_k, max_q, 8, block_table, used,
+                               None) + MASKS["causal"] + (False, 0, 0))
+
+
+@pytest.mark.parametrize("mask", MASKS)
+def test_opcheck_varlen_bwd(mask):
+    q, k, v, cu_q, cu_k, max_q, max_k = varlen()
+    out, lse, _ = torch.ops.flashc.varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, None, None,
+                                              None, *MASKS[mask], False, 11, 0)
+    grads = tuple(torch.empty_like(t) for t in (q, k, v))
+    opcheck("varlen_bwd", (rand(*out.shape, seed=5), q, k, v, out, lse) + grads +
+            (cu_q, cu_k, max_q, max_k, None) + MASKS[mask] + (False, 11, 0))
+
+
+# ---- the KV cache ----
+@pytest.mark.parametrize("case", ["append-rotary", "paged", "batch_idx-leftpad", "no-append"])
+def test_opcheck_fwd_kvcache(case):
+    b, h, hk, d = 2, 4, 2, 16
+    q = rand(b, 2, h, d, seed=11)
+    k_new, v_new = rand(b, 2, hk, d, seed=12), rand(b, 2, hk, d, seed=13)
+    cache_seqlens = torch.tensor([3, 6], dtype=torch.int32)
+    cos = sin = batch_idx = leftpad = block_table = None
+    k_cache, v_cache = rand(3, 10, hk, d, seed=14), rand(3, 10, hk, d, seed=15)
+    if case == "append-rotary":
+        angle = rand(10, 4, seed=16)
+        cos, sin = angle.cos(), angle.sin()
+    elif case == "paged":
+        k_cache, v_cache = rand(5, 4, hk, d, seed=14), rand(5, 4, hk, d, seed=15)
+        block_table = torch.tensor([[4, 1], [0, 3]], dtype=torch.int32)
+    elif case == "batch_idx-leftpad":
+        batch_idx = torch.tensor([2, 0], dtype=torch.int32)
+        leftpad = torch.tensor([1, 0], dtype=torch.int32)
+    else:
+        k_new = v_new = None
+    opcheck("fwd_kvcache", (q, k_cache, v_cache, k_new, v_new, cos, sin, cache_seqlens,
+                            batch_idx, leftpad, block_table, None, None, True, -1, -1, 0.0,
+                            True, 0))
+
+
+# ---- torch.compile ----
+def loss_and_grads(fn, inputs):
+    """fn(*inputs) (a scalar loss) and the gradients of inputs."""
+    leaves = [leaf(t, t.is_floating_point()) for t in inputs]
+    loss = fn(*leaves)
+    loss.backward()
+    return loss.detach(), [t.grad for t in leaves if t.is_floating_point()]
+
+
+def weighted(out):
+    """A loss whose gradient differs per element (out.sum() would give dout = 1)."""
+    return (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum()
+
+
+COMPILED = {
+    "func": (lambda q, k, v: weighted(flashc.flash_attn_func(q, k, v, causal=True,
+                                                             window_size=(3, 0))),
+             lambda: batched(BATCHED[0])),
+    "qkvpacked": (lambda qkv: weighted(flashc.flash_attn_qkvpacked_func(qkv, causal=True)),
+                  lambda: (rand(2, 6, 3, 4, 16, seed=20),)),
+    "kvpacked": (lambda q, kv: weighted(flashc.flash_attn_kvpacked_func(q, kv, softcap=2.0)),
+                 lambda: (rand(2, 5, 4, 16, seed=21), rand(2, 7, 2, 2, 16, seed=22))),
+    "varlen": (lambda q, k, v, cu_q, cu_k: weighted(flashc.flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max(LENS[0]), max(LENS[1]), causal=True)),
+        lambda: varlen()[:5]),
+    "v3": (lambda q, k, v: weighted(v3.flash_attn_func(q, k, v, window_size=(2, None))),
+           lambda: batched(BATCHED[1])),
+}
+
+
+@pytest.mark.parametrize("case", COMPILED)
+def test_compile_fullgraph(case):
+    """No graph break (fullgraph), and the compiled loss and gradients are eager's."""
+    fn, make = COMPILED[case]
+    inputs = make()
+    torch._dynamo.reset()
+    loss, grads = loss_and_grads(torch.compile(fn, fullgraph=True), inputs)
+    loss_eager, grads_eager = loss_and_grads(fn, inputs)
+    torch.testing.assert_close(loss, loss_eager, rtol=1e-5, atol=1e-6)
+    assert len(grads) == len(grads_eager) > 0
+    for g, ge in zip(grads, grads_eager):
+        torch.testing.assert_close(g, ge, rtol=1e-5, atol=1e-6)
+
+
+def test_compile_dropout():
+    """Dropout in a compiled graph: the seed is drawn inside the graph (a SymInt argument of
+    flashc::fwd), and with inductor's fallback_random (torch's generator, as eager) the
+    compiled loss and gradients are eager's for the same torch.manual_seed: the backward
+    regenerates the forward's mask. Each call draws a new mask."""
+    import torch._inductor.config
+
+    def fn(q, k, v):
+        return weighted(flashc.flash_attn_func(q, k, v, dropout_p=0.3, causal=True))
+    inputs = batched(BATCHED[0])
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fallback_random=True):
+        compiled = torch.compile(fn, fullgraph=True)
+        torch.manual_seed(5)
+        loss, grads = loss_and_grads(compiled, inputs)
+        assert not torch.equal(loss, loss_and_grads(compiled, inputs)[0])
+    torch.manual_seed(5)
+    loss_eager, grads_eager = loss_and_grads(fn, inputs)
+    torch.testing.assert_close(loss, loss_eager, rtol=1e-5, atol=1e-6)
+    for g, ge in zip(grads, grads_eager):
+        torch.testing.assert_close(g, ge, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", COMPILED)
+def test_autograd_function_path(case, monkeypatch):
+    """Without custom ops (torch < 2.4) every function runs through interface._FlashAttnFunc:
+    the same loss and gradients, bitwise, as through the ops' registered autograd."""
+    fn, make = COMPILED[case]
+    inputs = make()
+    loss, grads = loss_and_grads(fn, inputs)
+    monkeypatch.setattr(interface, "_CUSTOM_OP", False)
+    loss_function, grads_function = loss_and_grads(fn, inputs)
+    assert torch.equal(loss, loss_function)
+    for g, gf in zip(grads, grads_function):
+        assert torch.equal(g, gf)
+
+
+# ---- torch.export ----
+class Attention(torch.nn.Module):
+    """Self-attention of x (batch, seqlen, 32) by flash_attn_func (4 query heads, 2 KV heads)
+    or by flash_attn_qkvpacked_func (4 heads), head dim 8."""
+
+    def __init__(self, packed):
+        super().__init__()
+        torch.manual_seed(0)
+        self.packed = packed
+        self.qkv = torch.nn.Linear(32, 8 * (12 if packed else 8))
+        self.proj = torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        if self.packed:
+            qkv = self.qkv(x).view(b, s, 3, 4, 8)
+            out = flashc.flash_attn_qkvpacked_func(qkv, causal=True, window_size=(5, 0))
+        else:
+            q, k, v = self.qkv(x).view(b, s, 8, 8).split([4, 2, 2], dim=2)
+            out = flashc.flash_attn_func(q, k, v, causal=True, window_size=(5, 0))
+        return self.proj(out.reshape(b, s, 32))
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["nonstrict", "strict"])
+@pytest.mark.parametrize("packed", [False, True], ids=["func", "qkvpacked"])
+def test_export(strict, packed):
+    model = Attention(packed)
+    dims = {0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("seqlen", max=1024)}
+    program = torch.export.export(model, (rand(2, 9, 32, seed=30),), dynamic_shapes=(dims,),
+                                  strict=strict)
+    assert "torch.ops.flashc.fwd.default" in program.graph_module.code
+    exported = program.module()
+    x = rand(3, 14, 32, seed=31)
+    out = exported(x)
+    torch.testing.assert_close(out, model(x), rtol=0, atol=0)
+    # the exported program is differentiable through flashc::fwd's registered autograd
+    out.square().sum().backward()
+    model(x).square().sum().backward()
+    grads = dict(exported.named_parameters())
+    for name, p in model.named_parameters():
+        assert grads[name].grad is not None, name
+        torch.testing.assert_close(grads[name].grad, p.grad, rtol=1e-5, atol=1e-6)
