@@ -11,7 +11,8 @@ flashc.bert_padding (unpad_input, pad_input) and flashc.layers.rotary
 names with its private ops (_flash_attn_forward, _flash_attn_backward and their varlen
 twins), and flashc.v3, FlashAttention-3's interface (hopper/flash_attn_interface.py:
 flash_attn_func, flash_attn_varlen_func with seqused_q/seqused_k, flash_attn_with_kvcache,
-flash_attn_combine, ...). Errors from the library raise FlashcError (FlashcArgumentError, also a
+flash_attn_combine, ..., and the private _flash_attn_forward, _flash_attn_backward that
+Transformer Engine calls). Errors from the library raise FlashcError (FlashcArgumentError, also a
 ValueError, for a bad argument) with the library's message.
 
 python/flash_attn_shim holds a package named flash_attn made of these modules, for code

@@ -7,8 +7,8 @@
 The public functions of FA3's hopper/flash_attn_interface.py (Dao-AILab/flash-attention,
 commit 01afd16d248c4c7d0f9aed1914084f16c490eaed), with its parameter names, order,
 defaults and returns, run by the same ops as flashc's flash_attn 2.x functions
-(interface.py): the batched, packed and varlen functions are differentiable through
-interface.py's autograd Function, the KV-cache function is forward only (as FA3's).
+(interface.py): the batched, packed and varlen functions are differentiable as those
+are, the KV-cache function is forward only (as FA3's).
 
     flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None,
                     k_descale=None, v_descale=None, window_size=(-1, -1),
@@ -42,6 +42,31 @@ interface.py's autograd Function, the KV-cache function is forward only (as FA3'
     get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q,
                            num_heads_kv, headdim, cache_seqlens, ...) -> None
 
+and FA3's private ops flash_attn_3::_flash_attn_forward and ::_flash_attn_backward, one
+forward or one backward as Transformer Engine's context-parallel attention calls them
+(transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py: q, k,
+v and the arguments below positionally, causal, softmax_scale, window_size and
+deterministic by keyword):
+
+    _flash_attn_forward(q, k, v, k_new=None, v_new=None, qv=None, out_=None,
+                        cu_seqlens_q=None, cu_seqlens_k=None, cu_seqlens_k_new=None,
+                        seqused_q=None, seqused_k=None, max_seqlen_q=None,
+                        max_seqlen_k=None, page_table=None, kv_batch_idx=None,
+                        leftpad_k=None, rotary_cos=None, rotary_sin=None,
+                        seqlens_rotary=None, q_descale=None, k_descale=None,
+                        v_descale=None, softmax_scale=None, causal=False,
+                        window_size_left=-1, window_size_right=-1, attention_chunk=0,
+                        softcap=0.0, rotary_interleaved=True, scheduler_metadata=None,
+                        num_splits=1, pack_gqa=None, sm_margin=0, *, window_size=None)
+        -> out, softmax_lse, out_accum, softmax_lse_accum (the last two empty)
+    _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q=None,
+                         cu_seqlens_k=None, sequed_q=None, sequed_k=None,
+                         max_seqlen_q=None, max_seqlen_k=None, dq=None, dk=None, dv=None,
+                         softmax_scale=None, is_causal=False, window_size_left=-1,
+                         window_size_right=-1, softcap=0.0, deterministic=False,
+                         sm_margin=0, *, causal=None, window_size=None)
+        -> softmax_d
+
 What flashc does with FA3's arguments:
 - window_size: a pair whose sides are ints (negative: unbounded) or None (unbounded, the
   encoding of FA3's later interfaces).
@@ -62,36 +87,59 @@ What flashc does with FA3's arguments:
 - scheduler_metadata: get_scheduler_metadata returns None (flashc has no scheduler
   state to precompute) and None is accepted wherever FA3 takes it.
 - flash_attn_combine: torch code, fp32 arithmetic (below).
+- the private ops: the positional lists are 01afd16's; the keyword-only window_size (both
+  ops) and causal (the backward; is_causal at 01afd16) are the names of FA3's releases
+  before it, which Transformer Engine passes (window_size, a pair with None sides
+  allowed, in place of window_size_left, window_size_right, not with them). The forward
+  runs flash_attn_func's call for batched q, k, v, flash_attn_with_kvcache's with a KV-cache
+  argument (k_new, v_new, page_table, kv_batch_idx = cache_batch_idx, leftpad_k =
+  cache_leftpad, rotary_cos/sin, or seqused_k = cache_seqlens), flash_attn_varlen_func's
+  with cu_seqlens_q and cu_seqlens_k (seqused_q, seqused_k as there); out_ receives out
+  (a copy). Its out is differentiable where the call it runs is (not the KV-cache one);
+  max_seqlen_q, max_seqlen_k are read only with cu_seqlens. The backward writes the
+  caller's dq, dk, dv (any strides with a contiguous last dim; None: allocated, as FA3)
+  from the caller's out and softmax_lse, e.g. a ring attention's merged ones, varlen
+  with sequed_q/sequed_k as seqused (rows not in use get zero gradients). Its softmax_d
+  is fp32 rowsum(dout * out) in FA3's padded layout, with flashc's block of 128 rows
+  (FA3's depends on its kernel): (batch, nheads, round_up(seqlen_q, 128)), varlen
+  (nheads, round_up(total_q + 128 batch, 128)) with sequence b from column
+  round_down(cu_seqlens_q[b] + 128 b, 128), 0 in the padding; flashc computes it in torch.
+  FA3 releases before 01afd16 returned (dq, dk, dv, softmax_d) from the backward.
 These raise FlashcArgumentError (a FlashcError and a ValueError) with status
 FLASHC_ERR_UNSUPPORTED when not at their default, never ignored: qv, q_descale, k_descale,
 v_descale (FP8), attention_chunk, a scheduler_metadata tensor, and in
 flash_attn_with_kvcache cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q and rotary_seqlens
 (varlen queries and new keys: flashc's KV-cache entry is batched). flash_attn_varlen_func
-takes cu_seqlens_q and cu_seqlens_k as tensors (FA3 also allows None with batched q).
+takes cu_seqlens_q and cu_seqlens_k as tensors (FA3 also allows None with batched q). The
+private ops raise likewise for those and their own: cu_seqlens_k_new, seqlens_rotary, one
+of cu_seqlens_q, cu_seqlens_k without the other, the KV-cache arguments with cu_seqlens,
+seqused_q (forward) and sequed_q, sequed_k (backward) with batched q.
 """
 import math
 
 import torch
 
 from . import _lib
+from . import flash_attn_interface as _fa2_ops
 from . import interface as _fa2
 
 __all__ = ["flash_attn_combine", "flash_attn_func", "flash_attn_qkvpacked_func",
-           "flash_attn_varlen_func", "flash_attn_with_kvcache", "get_scheduler_metadata"]
+           "flash_attn_varlen_func", "flash_attn_with_kvcache", "get_scheduler_metadata",
+           "_flash_attn_forward", "_flash_attn_backward"]
 
 
 # ---- arguments ----
-def _unsupported(fn, **given):
+def _unsupported(fn, when="", **given):
     """Raise for the first of `given` (name=value) that is not at FA3's default (None, or
-    0 for attention_chunk)."""
+    0 for attention_chunk); `when` says in which calls flashc does not support it."""
     for name, value in given.items():
         default = 0 if name == "attention_chunk" else None
         if value is None or (default == 0 and not isinstance(value, bool) and value == 0):
             continue
         raise _lib.FlashcArgumentError(
-            _lib.ERR_UNSUPPORTED, "%s: %s=%s but flashc does not support it (only %r)" % (
+            _lib.ERR_UNSUPPORTED, "%s: %s=%s but flashc does not support it%s (only %r)" % (
                 fn, name, "a tensor" if isinstance(value, torch.Tensor) else repr(value),
-                default))
+                when, default))
 
 
 def _window(window_size):
@@ -170,6 +218,15 @@ def _used_rows(cu_seqlens, seqused, total):
     return idx, new_cu
 
 
+def _gather_used(cu_seqlens, seqused, *packed):
+    """(rows in use or None, cu_seqlens of the rows in use, each of the `packed` tensors at
+    those rows): with seqused None every row, the tensors and cu_seqlens as they are."""
+    if seqused is None:
+        return None, cu_seqlens, packed
+    rows, new_cu = _used_rows(cu_seqlens, seqused, packed[0].shape[0])
+    return rows, new_cu, tuple(t.index_select(0, rows) for t in packed)
+
+
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            seqused_q=None, seqused_k=None, softmax_scale=None, causal=False,
                            qv=None, q_descale=None, k_descale=None, v_descale=None,
@@ -193,14 +250,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                            "q without cu_seqlens: use flash_attn_func)"
                                            % (fn, name, t))
     window = _window(window_size)
-    total_q, new_cu_q, rows_q = q.shape[0], cu_seqlens_q, None
-    if seqused_q is not None:
-        rows_q, new_cu_q = _used_rows(cu_seqlens_q, seqused_q, total_q)
-        q = q.index_select(0, rows_q)
-    new_cu_k = cu_seqlens_k
-    if seqused_k is not None:
-        rows_k, new_cu_k = _used_rows(cu_seqlens_k, seqused_k, k.shape[0])
-        k, v = k.index_select(0, rows_k), v.index_select(0, rows_k)
+    total_q = q.shape[0]
+    rows_q, new_cu_q, (q,) = _gather_used(cu_seqlens_q, seqused_q, q)
+    _, new_cu_k, (k, v) = _gather_used(cu_seqlens_k, seqused_k, k, v)
     varlen = (new_cu_q, new_cu_k, int(max_seqlen_q), int(max_seqlen_k), None)
     out, lse, _ = _fa2._attention("", q, k, v, varlen, 0.0, _fa2._scale(softmax_scale), causal,
                                   window, softcap, None, deterministic, False)
@@ -236,10 +288,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, page_table, softmax_scale, causal, _window(window_size), softcap,
         rotary_interleaved, None, num_splits, return_softmax_lse=True)
-    if not return_softmax_lse:
-        return out
-    empty = torch.empty(0, device=out.device)
-    return out, lse, empty, empty.clone()
+    return (out, lse) + _no_accum(out) if return_softmax_lse else out
+
+
+def _no_accum(out):
+    """FA3's out_accum and softmax_lse_accum of a call that did not split: empty tensors
+    (flashc combines its splits inside the call)."""
+    return torch.empty(0, device=out.device), torch.empty(0, device=out.device)
 
 
 def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv,
@@ -252,6 +307,149 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
     each call, so there is nothing to precompute: returns None, which
     flash_attn_with_kvcache(scheduler_metadata=...) accepts."""
     return None
+
+
+# ---- the private ops, as Transformer Engine calls them ----
+def _sides(fn, window_size_left, window_size_right, window_size):
+    """(left, right) from the private ops' window_size_left, window_size_right, or from
+    window_size, the pair FA3's releases before 01afd16 took (and Transformer Engine
+    passes); not both."""
+    if window_size is None:
+        return _window((window_size_left, window_size_right))
+    if (window_size_left, window_size_right) != (-1, -1):
+        _fa2._arg_error("%s: window_size=%r and window_size_left, window_size_right=%r, %r "
+                        "are both given" % (fn, window_size, window_size_left,
+                                            window_size_right))
+    return _window(window_size)
+
+
+def _is_varlen(fn, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """Whether a private op's call is varlen (both cu_seqlens given, and then both
+    max_seqlen) or batched (neither); one without the other raises (FA3 also pairs packed
+    queries with batched keys)."""
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        given, missing = ("q", "k") if cu_seqlens_k is None else ("k", "q")
+        raise _lib.FlashcArgumentError(
+            _lib.ERR_UNSUPPORTED, "%s: cu_seqlens_%s is given but cu_seqlens_%s=None: flashc "
+            "takes q, k, v all packed (both given) or all batched (neither)"
+            % (fn, given, missing))
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if cu_seqlens_q is not None and value is None:
+            _fa2._arg_error("%s: %s=None but cu_seqlens_q, cu_seqlens_k need it" % (fn, name))
+    return cu_seqlens_q is not None
+
+
+def _flash_attn_forward(q, k, v, k_new=None, v_new=None, qv=None, out_=None, cu_seqlens_q=None,
+                        cu_seqlens_k=None, cu_seqlens_k_new=None, seqused_q=None,
+                        seqused_k=None, max_seqlen_q=None, max_seqlen_k=None, page_table=None,
+                        kv_batch_idx=None, leftpad_k=None, rotary_cos=None, rotary_sin=None,
+                        seqlens_rotary=None, q_descale=None, k_descale=None, v_descale=None,
+                        softmax_scale=None, causal=False, window_size_left=-1,
+                        window_size_right=-1, attention_chunk=0, softcap=0.0,
+                        rotary_interleaved=True, scheduler_metadata=None, num_splits=1,
+                        pack_gqa=None, sm_margin=0, *, window_size=None):
+    """One forward, FA3's flash_attn_3::_flash_attn_forward (the module docstring has the
+    list). Batched q, k, v (batch, seqlen, nheads, headdim) run flash_attn_func's call, or
+    with a KV-cache argument (k_new, v_new, page_table, kv_batch_idx, leftpad_k, rotary,
+    seqused_k as the cache lengths) flash_attn_with_kvcache's; with cu_seqlens_q and
+    cu_seqlens_k, q (total_q, nheads, headdim), k, v (total_k, nheads_k, headdim) run
+    flash_attn_varlen_func's (seqused_q, seqused_k as there). out_ (like q) receives out.
+    Returns (out, softmax_lse fp32 (batch, nheads, seqlen_q) or (nheads, total_q),
+    out_accum, softmax_lse_accum), the last two empty."""
+    fn = "_flash_attn_forward"
+    _unsupported(fn, qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                 attention_chunk=attention_chunk, scheduler_metadata=scheduler_metadata,
+                 cu_seqlens_k_new=cu_seqlens_k_new, seqlens_rotary=seqlens_rotary)
+    window = _sides(fn, window_size_left, window_size_right, window_size)
+    cache = dict(k_new=k_new, v_new=v_new, page_table=page_table, kv_batch_idx=kv_batch_idx,
+                 leftpad_k=leftpad_k, rotary_cos=rotary_cos, rotary_sin=rotary_sin)
+    if _is_varlen(fn, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        _unsupported(fn, " with cu_seqlens_q, cu_seqlens_k", **cache)
+        _fa2_ops._check_ranks(fn, {"q": q, "k": k, "v": v}, {3: _fa2._THD})
+        out, lse = flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                          max_seqlen_k, seqused_q, seqused_k, softmax_scale,
+                                          causal, window_size=window, softcap=softcap,
+                                          return_attn_probs=True)
+    else:
+        _unsupported(fn, " with batched q", seqused_q=seqused_q)
+        _fa2_ops._check_ranks(fn, {"q": q, "k": k, "v": v}, {4: _fa2._BSHD})
+        if seqused_k is None and all(t is None for t in cache.values()):
+            out, lse = flash_attn_func(q, k, v, softmax_scale, causal, window_size=window,
+                                       softcap=softcap, return_attn_probs=True)
+        else:
+            out, lse, _, _ = flash_attn_with_kvcache(
+                q, k, v, k_new, v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                cache_seqlens=seqused_k, cache_batch_idx=kv_batch_idx, cache_leftpad=leftpad_k,
+                page_table=page_table, softmax_scale=softmax_scale, causal=causal,
+                window_size=window, softcap=softcap, rotary_interleaved=rotary_interleaved,
+                num_splits=num_splits, return_softmax_lse=True)
+    if out_ is not None:
+        if out_.shape != out.shape or out_.dtype != out.dtype:
+            _fa2._arg_error("%s: out_ is %s %s but must be %s %s" % (
+                fn, out_.dtype, tuple(out_.shape), out.dtype, tuple(out.shape)))
+        out = out_.copy_(out)
+    return (out, lse) + _no_accum(out)
+
+
+def _varlen_softmax_d(dout, out, cu_seqlens_q, rows):
+    """FA3's softmax_d of a varlen backward, with blocks of 128 query rows: fp32 (nheads,
+    round_up(total_q + 128 batch, 128)), rowsum(dout * out) of row i of sequence b at column
+    round_down(cu_seqlens_q[b] + 128 b, 128) + i, for the rows `rows` (None: every row of a
+    sequence), 0 elsewhere."""
+    total, h = dout.shape[0], dout.shape[1]
+    batch, block = cu_seqlens_q.numel() - 1, _fa2_ops._SOFTMAX_D_PAD
+    every, seq = _fa2._row_sequences(cu_seqlens_q, total, dout.device)
+    rows = every[seq < batch] if rows is None else rows
+    seq = seq[rows]
+    cu = cu_seqlens_q.to(device=dout.device, dtype=torch.int64)
+    start = (cu[:-1] + block * torch.arange(batch, device=dout.device)) // block * block
+    softmax_d = torch.zeros((h, _fa2_ops._round_up(total + block * batch, block)),
+                            dtype=torch.float32, device=dout.device)
+    dot = _fa2_ops._row_dot(dout[rows], out[rows], 0.0)  # (rows, nheads)
+    softmax_d[:, start[seq] + rows - cu[seq]] = dot.t()
+    return softmax_d
+
+
+def _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q=None, cu_seqlens_k=None,
+                         sequed_q=None, sequed_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                         dq=None, dk=None, dv=None, softmax_scale=None, is_causal=False,
+                         window_size_left=-1, window_size_right=-1, softcap=0.0,
+                         deterministic=False, sm_margin=0, *, causal=None, window_size=None):
+    """One backward, FA3's flash_attn_3::_flash_attn_backward (the module docstring has
+    the list), into the caller's dq (like q), dk, dv (like k; None: allocated, as FA3),
+    from any out and softmax_lse (those of the forward, or merged ones). Batched: tensors
+    (batch, seqlen, nheads, headdim), lse (batch, nheads, seqlen_q); with cu_seqlens_q and
+    cu_seqlens_k: (total, nheads, headdim), lse (nheads, total_q), and sequed_q, sequed_k
+    the rows in use as flash_attn_varlen_func's seqused (the other rows get zero
+    gradients). Returns softmax_d fp32, rowsum(dout * out) in FA3's padded layout with
+    blocks of 128 rows: (batch, nheads, round_up(seqlen_q, 128)), varlen as
+    _varlen_softmax_d says."""
+    fn = "_flash_attn_backward"
+    mask = _fa2_ops._mask(0.0, softmax_scale, bool(is_causal or causal),
+                          *_sides(fn, window_size_left, window_size_right, window_size), softcap)
+    if not _is_varlen(fn, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        _unsupported(fn, " with batched q", sequed_q=sequed_q, sequed_k=sequed_k)
+        return _fa2_ops._flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv,
+                                             *mask, None, deterministic)
+    _fa2_ops._check_ranks(fn, {"dout": dout, "q": q, "k": k, "v": v, "out": out},
+                          {3: _fa2._THD})
+    dout, q, k, v, out, softmax_lse = (_fa2._maybe_contiguous(t)
+                                       for t in (dout, q, k, v, out, softmax_lse))
+    dq, dk, dv = _fa2_ops._gradients(dq, dk, dv, q, k, v)
+    rows_q, cu_q, (dout_u, q_u, out_u) = _gather_used(cu_seqlens_q, sequed_q, dout, q, out)
+    rows_k, cu_k, (k_u, v_u) = _gather_used(cu_seqlens_k, sequed_k, k, v)
+    lse_u = softmax_lse if rows_q is None else softmax_lse.index_select(1, rows_q)
+    dq_u = dq if rows_q is None else torch.empty_like(q_u)
+    dk_u, dv_u = (dk, dv) if rows_k is None else (torch.empty_like(k_u), torch.empty_like(v_u))
+    _fa2._varlen_bwd(dout_u, q_u, k_u, v_u, out_u, lse_u, dq_u, dk_u, dv_u, cu_q, cu_k,
+                     int(max_seqlen_q), int(max_seqlen_k), None, *mask, bool(deterministic),
+                     0, 0)
+    if rows_q is not None:  # the gradients of rows not in use are 0
+        dq.zero_().index_copy_(0, rows_q, dq_u)
+    if rows_k is not None:
+        dk.zero_().index_copy_(0, rows_k, dk_u)
+        dv.zero_().index_copy_(0, rows_k, dv_u)
+    return _varlen_softmax_d(dout, out, cu_seqlens_q, rows_q)
 
 
 # ---- combining split partials ----
