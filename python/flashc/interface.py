@@ -424,15 +424,13 @@ if _CUSTOM_OP:
                                   _save(ctx, inputs, output, True))
 
 
-def _forward_call(q, k, v, varlen, dropout_p, softmax_scale, causal, window_size, softcap,
-                  alibi_slopes, deterministic, return_probs):
+def _forward_call(q, k, v, varlen, rng, dropout_p, softmax_scale, causal, window_size,
+                  softcap, alibi_slopes, deterministic, return_probs):
     """(op, its arguments) of one forward: flashc::fwd (varlen None) or ::varlen_fwd (varlen
-    = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table)), the dropout
-    (seed, offset) drawn here."""
+    = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table)); rng: the
+    dropout's (seed, offset)."""
     mask = (dropout_p, softmax_scale, causal, window_size[0], window_size[1], softcap)
     return_probs = _probs_written(q.device, dropout_p, return_probs)
-    max_k = k.shape[1] if varlen is None else varlen[3]
-    rng = _draw_rng(q.device, max_k) if dropout_p > 0 else (0, 0)
     if varlen is None:
         return _fwd, (q, k, v, alibi_slopes) + mask + (return_probs,) + rng + (deterministic,)
     return _varlen_fwd, (q, k, v) + tuple(varlen) + (None, alibi_slopes) + mask + \
@@ -458,7 +456,7 @@ class _FlashAttnFunc(torch.autograd.Function):
     def backward(ctx, dout, _dlse, _dprobs):
         grads, (dq, dk, dv) = _grad_buffers(ctx.packing, *ctx.saved_tensors[:3], ctx.axis)
         _backward_into(ctx, dout, dq, dk, dv)
-        return (None,) + grads + (None,) * 9
+        return (None,) + grads + (None,) * 10
 
 
 def _exporting():
@@ -467,13 +465,16 @@ def _exporting():
     return bool(is_exporting and is_exporting())
 
 
-def _attention(packing, a, b, c, varlen, *rest):
+def _attention(packing, a, b, c, varlen, dropout_p, *rest):
     """out, softmax_lse, probs of q, k, v ("" packing) or of a packed qkv or kv (_split);
-    the other arguments as _forward_call's. Differentiable."""
+    the other arguments as _forward_call's. Differentiable. The dropout's (seed, offset)
+    is drawn here, outside _FlashAttnFunc, where torch.compile can trace it."""
+    max_k = (a if packing == "qkv" else b).shape[1] if varlen is None else varlen[3]
+    rng = _draw_rng(a.device, max_k) if dropout_p > 0 else (0, 0)
     if not _CUSTOM_OP or (packing and not _exporting()):
-        return _FlashAttnFunc.apply(packing, a, b, c, varlen, *rest)
+        return _FlashAttnFunc.apply(packing, a, b, c, varlen, rng, dropout_p, *rest)
     op, inputs = _forward_call(*_split(packing, a, b, c, 2 if varlen is None else 1), varlen,
-                               *rest)
+                               rng, dropout_p, *rest)
     return op(*inputs)
 
 

@@ -7,8 +7,8 @@ own checks, on CPU tensors.
   the fake implementation against the real one, the registered autograd of the two forward
   ops (inputs that require grad), and AOTAutograd with dynamic shapes, gradients included.
 - torch.compile(fullgraph=True) of a loss through flash_attn_func, the packed functions,
-  flash_attn_varlen_func and flashc.v3.flash_attn_func: the loss and every gradient against
-  eager.
+  flash_attn_varlen_func and flashc.v3.flash_attn_func, and with dropout: the loss and
+  every gradient against eager; the same through _FlashAttnFunc alone (torch < 2.4).
 - torch.export.export (strict and not) of a small module that calls flash_attn_func, with a
   dynamic batch and sequence length: the graph calls flashc::fwd, the exported program's
   output on other shapes and its parameters' gradients against eager.
@@ -198,16 +198,24 @@ def test_compile_fullgraph(case):
         torch.testing.assert_close(g, ge, rtol=1e-5, atol=1e-6)
 
 
-def test_compile_dropout():
+DROPOUT = {
+    "func": (lambda q, k, v: weighted(flashc.flash_attn_func(q, k, v, dropout_p=0.3,
+                                                             causal=True)),
+             lambda: batched(BATCHED[0])),
+    "qkvpacked": (lambda qkv: weighted(flashc.flash_attn_qkvpacked_func(qkv, dropout_p=0.3)),
+                  lambda: (rand(2, 6, 3, 4, 16, seed=20),)),
+}
+
+
+@pytest.mark.parametrize("case", DROPOUT)
+def test_compile_dropout(case):
     """Dropout in a compiled graph: the seed is drawn inside the graph (a SymInt argument of
     flashc::fwd), and with inductor's fallback_random (torch's generator, as eager) the
     compiled loss and gradients are eager's for the same torch.manual_seed: the backward
     regenerates the forward's mask. Each call draws a new mask."""
     import torch._inductor.config
-
-    def fn(q, k, v):
-        return weighted(flashc.flash_attn_func(q, k, v, dropout_p=0.3, causal=True))
-    inputs = batched(BATCHED[0])
+    fn, make = DROPOUT[case]
+    inputs = make()
     torch._dynamo.reset()
     with torch._inductor.config.patch(fallback_random=True):
         compiled = torch.compile(fn, fullgraph=True)
