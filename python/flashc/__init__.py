@@ -15,6 +15,11 @@ flash_attn_combine, ..., and the private _flash_attn_forward, _flash_attn_backwa
 Transformer Engine calls). Errors from the library raise FlashcError (FlashcArgumentError, also a
 ValueError, for a bad argument) with the library's message.
 
+flashc.sdpa routes torch.nn.functional.scaled_dot_product_attention calls to flashc without
+editing the code that makes them (`with flashc.sdpa.route():`, or `python -m flashc.sdpa
+script.py`). It is imported on first use of flashc.sdpa, so that `python -m flashc.sdpa`
+runs it once.
+
 python/flash_attn_shim holds a package named flash_attn made of these modules, for code
 that imports flash_attn and is not to be edited (README.md, "Using flashc as
 flash_attn"); it is on no path unless put there.
@@ -28,6 +33,14 @@ from .interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qk
 from .layers.rotary import apply_rotary_emb
 
 __version__ = version()
+
+
+def __getattr__(name):
+    """flashc.sdpa, imported when first named (PEP 562)."""
+    if name == "sdpa":
+        import importlib
+        return importlib.import_module(".sdpa", __name__)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 __all__ = ["FlashcArgumentError", "FlashcError", "apply_rotary_emb", "flash_attn_func",
            "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",

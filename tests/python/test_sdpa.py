@@ -1,0 +1,339 @@
+"""test_sdpa.py : flashc.sdpa, torch.nn.functional.scaled_dot_product_attention calls routed
+to flashc.
+
+Calls flashc supports, under route(), against torch's own SDPA on float64 inputs (outputs
+and gradients, DEVICES and dtypes of test_flashc.py, DEVELOPERS.md's tolerance rule with
+a same-precision naive SDPA as the baseline): causal and not, Sq < = > Sk (SDPA's top-left
+causal), GQA/MQA with enable_gqa, scale; each asserts that flashc ran the call. Calls it
+does not support fall back to torch's SDPA bitwise, with their reason counted; nesting
+and leaving the route restore torch's behaviour; a small attention module runs unedited
+under it, eagerly and through torch.compile; `python -m flashc.sdpa script.py` runs a
+script under it.
+
+Run:  FLASHC_LIBRARY=build/libflashc.so PYTHONPATH=python python3 -m pytest tests/python -q
+"""
+import logging
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import flashc
+from flashc import _lib, interface, sdpa
+from test_flashc import DEVICE_DTYPES, DT, backward_or_skip, check, rand
+
+FLASHC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(flashc.__file__)))
+
+
+def naive_sdpa(q, k, v, is_causal=False, scale=None, lowp=False):
+    """SDPA's definition on (B, H, S, D), key heads repeated for GQA, the causal mask
+    top-left: fp32 math rounded to q's dtype at the scores, probabilities and output (the
+    same-precision baseline of the tolerance rule), or with lowp=False float64."""
+    dt, wt = q.dtype, torch.float32 if lowp else torch.float64
+
+    def rnd(x):
+        return x.to(dt).to(wt) if lowp else x
+    rep = q.shape[1] // k.shape[1]
+    k, v = (t.to(wt).repeat_interleave(rep, dim=1) for t in (k, v))
+    s = rnd(q.to(wt) @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale))
+    if is_causal:
+        above = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1)
+        s = s.masked_fill(above, -math.inf)
+    return rnd(rnd(torch.softmax(s, dim=-1)) @ v)
+
+
+# ---- calls flashc runs ----
+SHAPES = [  # B, Hq, Hk, Sq, Sk, D
+    (2, 4, 4, 7, 7, 16),
+    (1, 4, 2, 5, 13, 5),
+    (2, 6, 1, 13, 6, 33),
+    (1, 2, 2, 1, 9, 64),
+]
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("scale", [None, 0.37])
+def test_routed(device, dtype, shape, is_causal, scale):
+    dt = DT[dtype]
+    b, hq, hk, sq, sk, d = shape
+    kw = dict(is_causal=is_causal, scale=scale, enable_gqa=hq != hk)
+    inputs = [rand(b, h, s, d, device=device, dtype=dt, seed=i + 1)
+              for i, (h, s) in enumerate(((hq, sq), (hk, sk), (hk, sk)))]
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    assert sdpa.fallback_reason(*leaves, **kw) is None
+    with sdpa.route() as r:
+        out = F.scaled_dot_product_attention(*leaves, **kw)
+    assert (r.routed, r.fallbacks) == (1, {})
+    r64 = [t.double().requires_grad_() for t in inputs]
+    rlp = [t.clone().requires_grad_() for t in inputs]
+    ref = F.scaled_dot_product_attention(*r64, **kw)
+    base = naive_sdpa(*rlp, is_causal=is_causal, scale=scale, lowp=True)
+    assert out.shape == ref.shape and out.dtype == dt
+    check("out", out, ref, base, dt)
+    dout = rand(*out.shape, device=device, dtype=dt, seed=99)
+    backward_or_skip(out, dout)
+    ref.backward(dout.double())
+    base.backward(dout.float())
+    for name, a, g64, glp in zip("qkv", leaves, r64, rlp):
+        check("d" + name, a.grad, g64.grad, glp.grad, dt)
+
+
+def test_dropout():
+    """dropout_p reaches flashc: the output is flash_attn_func's with the same seed, and
+    the mask changes with the seed."""
+    q, k, v = (rand(2, 3, 9, 16, seed=s) for s in (20, 21, 22))
+    with sdpa.route() as r:
+        torch.manual_seed(5)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, is_causal=True)
+        torch.manual_seed(6)
+        other = F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, is_causal=True)
+    assert r.routed == 2
+    torch.manual_seed(5)
+    want = flashc.flash_attn_func(*(t.transpose(1, 2) for t in (q, k, v)), dropout_p=0.3,
+                                  causal=True).transpose(1, 2)
+    assert torch.equal(out, want) and not torch.equal(out, other)
+
+
+def test_positional_and_layout():
+    """SDPA's parameters positionally; any strides of (B, H, S, D) views; the output's
+    layout is (B, S, H, D) contiguous, transposed, as torch's flash kernels return it."""
+    q, k, v = (rand(2, 7, 3, 8, seed=s).transpose(1, 2) for s in (30, 31, 32))
+    with sdpa.route() as r:
+        out = F.scaled_dot_product_attention(q, k, v, None, 0.0, True, scale=0.5)
+    assert r.routed == 1
+    assert torch.allclose(out, F.scaled_dot_product_attention(q, k, v, None, 0.0, True, scale=0.5),
+                          atol=1e-5)
+    assert out.transpose(1, 2).is_contiguous()
+
+
+# ---- calls torch runs ----
+def fallback_cases():
+    """(id, q, k, v, SDPA keyword arguments, part of the reason)."""
+    q, k = rand(2, 4, 6, 8, seed=40), rand(2, 4, 9, 8, seed=41)
+    mask = rand(6, 9, seed=42) > 0
+    return [
+        ("bool_mask", q, k, k, dict(attn_mask=mask), "attn_mask"),
+        ("float_mask", q, k, k, dict(attn_mask=rand(2, 1, 6, 9, seed=43)), "attn_mask"),
+        ("3d", q[0], k[0], k[0], {}, "dim()=3"),
+        ("float64", q.double(), k.double(), k.double(), {}, "torch.float64"),
+        ("headdim_300", rand(1, 2, 3, 300, seed=44), rand(1, 2, 3, 300, seed=45),
+         rand(1, 2, 3, 300, seed=46), {}, "head dims"),
+        ("value_headdim", q, k, rand(2, 4, 9, 4, seed=47), {}, "value shaped"),
+        ("mqa_broadcast", q, k[:, :1], k[:, :1], {}, "enable_gqa=False"),
+        ("empty_keys", q, k[:, :, :0], k[:, :, :0], {}, "empty"),
+        ("dropout_1", q, k, k, dict(dropout_p=1.0), "dropout_p"),
+    ]
+
+
+@pytest.mark.parametrize("case", fallback_cases(), ids=lambda c: c[0])
+def test_fallback(case, caplog):
+    """Outputs and gradients bitwise torch's, the reason counted and logged once."""
+    _, q, k, v, kw, reason = case
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    with caplog.at_level(logging.INFO, logger="flashc.sdpa"):
+        with sdpa.route() as r:
+            out = F.scaled_dot_product_attention(*leaves, **kw)
+            F.scaled_dot_product_attention(*leaves, **kw)
+    assert r.routed == 0 and sum(r.fallbacks.values()) == 2
+    (why,) = r.fallbacks
+    assert reason in why and why == sdpa.fallback_reason(*leaves, **kw)
+    assert [rec.getMessage().count(why) for rec in caplog.records
+            if rec.name == "flashc.sdpa"] == [1]
+    if out.numel() == 0:
+        return
+    torch.manual_seed(0)
+    out.backward(torch.ones_like(out))
+    ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = F.scaled_dot_product_attention(*ref_leaves, **kw)
+    ref.backward(torch.ones_like(ref))
+    assert torch.equal(out, ref)
+    for a, b in zip(leaves, ref_leaves):
+        assert torch.equal(a.grad, b.grad)
+
+
+@pytest.mark.parametrize("kv", ["gqa_off", "mixed_dtype"])
+def test_fallback_errors_are_torchs(kv):
+    """A call torch rejects (heads that differ without enable_gqa, dtypes that differ)
+    raises torch's error under the route too."""
+    q, k = rand(1, 4, 5, 8, seed=50), rand(1, 2 if kv == "gqa_off" else 4, 5, 8, seed=51)
+    k = k.half() if kv == "mixed_dtype" else k
+    with pytest.raises(RuntimeError) as plain:
+        F.scaled_dot_product_attention(q, k, k)
+    with sdpa.route() as r, pytest.raises(RuntimeError) as routed:
+        F.scaled_dot_product_attention(q, k, k)
+    assert str(routed.value) == str(plain.value) and r.routed == 0
+    with sdpa.route(), pytest.raises(TypeError):
+        F.scaled_dot_product_attention(q, k, k, bad_argument=1)
+
+
+def test_unsupported_falls_back(monkeypatch):
+    """A forward the library refuses as FLASHC_ERR_UNSUPPORTED runs on torch; any other
+    library error is raised."""
+    q = rand(1, 2, 5, 8, seed=52)
+
+    def refuse(status):
+        def fn(*args, **kwargs):
+            _lib.raise_for(status, "refused for the test")
+        return fn
+    monkeypatch.setattr(interface, "flash_attn_func", refuse(_lib.ERR_UNSUPPORTED))
+    with sdpa.route() as r:
+        out = F.scaled_dot_product_attention(q, q, q)
+    assert r.routed == 0 and list(r.fallbacks) == ["FLASHC_ERR_UNSUPPORTED: refused for the test"]
+    assert torch.equal(out, F.scaled_dot_product_attention(q, q, q))
+    monkeypatch.setattr(interface, "flash_attn_func", refuse(_lib.ERR_INVALID_ARG))
+    with sdpa.route(), pytest.raises(flashc.FlashcArgumentError):
+        F.scaled_dot_product_attention(q, q, q)
+
+
+# ---- entering and leaving ----
+def mode_stack():
+    return list(torch.overrides._get_current_function_mode_stack())
+
+
+def test_nesting_and_exit():
+    q, k = rand(1, 2, 5, 8, seed=60), rand(1, 2, 7, 8, seed=61)
+    mask = torch.ones(5, 7, dtype=torch.bool)
+    before = mode_stack()
+    plain = F.scaled_dot_product_attention(q, k, k, is_causal=True)
+    with sdpa.route() as outer:
+        with sdpa.route() as inner:
+            F.scaled_dot_product_attention(q, k, k, is_causal=True)
+            F.scaled_dot_product_attention(q, k, k, attn_mask=mask)
+        # the inner route ran the first call; the second went through both to torch
+        assert (inner.routed, sum(inner.fallbacks.values())) == (1, 1)
+        assert (outer.routed, sum(outer.fallbacks.values())) == (0, 1)
+        F.scaled_dot_product_attention(q, k, k)
+        assert outer.routed == 1
+    assert mode_stack() == before
+    with pytest.raises(ZeroDivisionError):
+        with sdpa.route():
+            1 / 0
+    assert mode_stack() == before
+    # after the routes: torch's SDPA, bitwise, and nothing counted
+    assert torch.equal(F.scaled_dot_product_attention(q, k, k, is_causal=True), plain)
+    assert (outer.routed, inner.routed) == (1, 1)
+
+
+# ---- a model, unedited ----
+class Attention(nn.Module):
+    """A decoder self-attention block as HF-style models write it: (B, H, S, D) heads,
+    GQA through enable_gqa, scale and dropout passed, causal unless decoding one token
+    against a cache."""
+
+    def __init__(self, dim=32, heads=4, kv_heads=2, dropout=0.0):
+        super().__init__()
+        self.heads, self.kv_heads, self.hd, self.dropout = heads, kv_heads, dim // heads, dropout
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * kv_heads * self.hd)
+        self.o = nn.Linear(dim, dim)
+
+    def forward(self, x, past=None):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, self.hd).transpose(1, 2)
+        k, v = self.kv(x).view(b, s, 2, self.kv_heads, self.hd).permute(2, 0, 3, 1, 4)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0,
+            is_causal=past is None and s > 1, scale=self.hd ** -0.5, enable_gqa=True)
+        return self.o(y.transpose(1, 2).contiguous().view(b, s, -1)), (k, v)
+
+
+class Model(nn.Module):
+    def __init__(self, layers=2):
+        super().__init__()
+        self.blocks = nn.ModuleList(Attention() for _ in range(layers))
+
+    def forward(self, x):
+        for blk in self.blocks:
+            x = x + blk(x)[0]
+        return x
+
+
+def model_grads(model, x):
+    model.zero_grad()
+    out = model(x)
+    out.square().sum().backward()
+    return out.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def assert_close(a, b):
+    assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a - b).abs().max().item()
+
+
+def test_model_unedited():
+    torch.manual_seed(0)
+    model, x = Model(), torch.randn(2, 9, 32)
+    want, want_grads = model_grads(model, x)
+    with sdpa.route() as r:
+        out, grads = model_grads(model, x)
+        # a decode step with a cache: one query, is_causal False, Sq < Sk
+        blk = model.blocks[0]
+        _, cache = blk(x)
+        step, _ = blk(x[:, -1:], past=tuple(t[:, :, :-1] for t in cache))
+    assert (r.routed, r.fallbacks) == (4, {})
+    assert_close(out, want)
+    for a, b in zip(grads, want_grads):
+        assert_close(a, b)
+    assert_close(step, blk(x)[0][:, -1:])
+
+
+@pytest.mark.skipif(not interface._CUSTOM_OP or
+                    tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 6),
+                    reason="torch.compile traces TorchFunctionModes from torch 2.6 on")
+def test_model_compiled():
+    """torch.compile(fullgraph=True) inside the route: the graph holds flashc's op, and
+    outputs and gradients are torch's; outside the route the same compiled model is
+    recompiled back to torch's SDPA."""
+    torch.manual_seed(0)
+    model, x = Model(), torch.randn(2, 9, 32)
+    want, want_grads = model_grads(model, x)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        # the graph and its subgraphs (an autograd Function's forward and backward)
+        graphs.append("".join(m.code for m in gm.modules() if hasattr(m, "code")))
+        return gm.forward
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    with sdpa.route():
+        out, grads = model_grads(compiled, x)
+    assert len(graphs) == 1
+    assert graphs[0].count("torch.ops.flashc.fwd") == graphs[0].count("torch.ops.flashc.bwd") == 2
+    assert_close(out, want)
+    for a, b in zip(grads, want_grads):
+        assert_close(a, b)
+    out, _ = model_grads(compiled, x)
+    assert len(graphs) == 2 and "flashc" not in graphs[1]
+    assert torch.equal(out, want)
+
+
+# ---- python -m flashc.sdpa ----
+SCRIPT = '''
+import sys
+import torch, torch.nn.functional as F
+q = torch.rand(1, 2, 4, 8)
+F.scaled_dot_product_attention(q, q, q, is_causal=True)
+F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.bool))
+print(__name__, sys.argv[1:])
+'''
+
+
+@pytest.mark.parametrize("how", ["script", "module"])
+def test_run_script(tmp_path, how):
+    (tmp_path / "attn_script.py").write_text(SCRIPT)
+    target = [str(tmp_path / "attn_script.py")] if how == "script" else ["-m", "attn_script"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([FLASHC_DIR, str(tmp_path)]))
+    run = subprocess.run([sys.executable, "-m", "flashc.sdpa"] + target + ["--flag", "x"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("\n")[0] == "__main__ ['--flag', 'x']"
+    assert "RuntimeWarning" not in run.stderr
+    assert "1 scaled_dot_product_attention calls ran on flashc, 1 on torch\n" \
+        "  1: attn_mask given" in run.stderr
