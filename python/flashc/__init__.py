@@ -6,7 +6,7 @@
 The functions run libflashc.so through ctypes (flashc._lib), so one build works with
 any torch from 1.13 on: nothing is compiled against torch. CPU tensors run on
 flashc's CPU backend, CUDA tensors on its CUDA backend. Also here, as in flash_attn:
-flashc.bert_padding (unpad_input, pad_input) and flashc.layers.rotary
+flashc.bert_padding (unpad_input, pad_input, index_first_axis, ...) and flashc.layers.rotary
 (apply_rotary_emb), and flashc.flash_attn_interface, flash_attn.flash_attn_interface's
 names with its private ops (_flash_attn_forward, _flash_attn_backward and their varlen
 twins), and flashc.v3, FlashAttention-3's interface (hopper/flash_attn_interface.py:

@@ -152,6 +152,11 @@ for name in flashc.__all__:
 assert flash_attn.flash_attn_interface is fai and flash_attn_func is flashc.flash_attn_func
 assert _flash_attn_forward is fi._flash_attn_forward
 assert (pad_input, unpad_input) == (flashc.bert_padding.pad_input, flashc.bert_padding.unpad_input)
+import flash_attn.bert_padding as fbp
+from flash_attn.bert_padding import (IndexFirstAxis, index_first_axis, index_put_first_axis,
+    unpad_input_for_concatenated_sequences)
+for name in flashc.bert_padding.__all__:
+    assert getattr(fbp, name) is getattr(flashc.bert_padding, name), name
 assert apply_rotary_emb is flashc.layers.rotary.apply_rotary_emb
 print(flash_attn.__version__)
 '''
