@@ -169,12 +169,47 @@ def test_shim_import_paths():
     assert out.split() == ["2.8.3"]
 
 
+# what HF transformers asks (utils/import_utils.py: _is_package_available and
+# is_flash_attn_2_available): find_spec, the distribution's version, and that
+# packages_distributions() names flash-attn as the distribution of the flash_attn package
+SHIM_METADATA = '''
+import importlib.metadata as md, importlib.util, os, sys
+spec = importlib.util.find_spec("flash_attn")
+print(spec.origin if spec else None)
+try:
+    dist = md.distribution("flash_attn")
+except md.PackageNotFoundError:
+    print(None)
+else:
+    print(os.path.realpath(str(dist.locate_file(""))), md.version("flash_attn"),
+          md.version("flash-attn"),
+          [n.replace("_", "-") for n in md.packages_distributions().get("flash_attn", [])])
+if spec:
+    import flash_attn
+    print(flash_attn.__version__)
+'''
+
+
+def test_shim_metadata():
+    """With the shim on the path, importlib answers as for an installed flash-attn 2.8.3:
+    find_spec finds the shim, importlib.metadata.version("flash_attn") is
+    flash_attn.__version__, at least transformers' floor 2.3.3, and the distribution is
+    the dist-info next to the shim, which packages_distributions() maps flash_attn to."""
+    origin, dist, version = run_python(SHIM_METADATA, [SHIM, FLASHC_DIR]).splitlines()
+    assert origin == os.path.join(SHIM, "flash_attn", "__init__.py")
+    path, v1, v2, names = dist.split(" ", 3)
+    assert path == os.path.realpath(SHIM) and v1 == v2 == version == "2.8.3"
+    assert names == "['flash-attn']"
+    assert tuple(int(x) for x in version.split(".")) >= (2, 3, 3)
+    assert os.path.isdir(os.path.join(SHIM, "flash_attn-%s.dist-info" % version))
+
+
 def test_shim_is_opt_in():
-    """Without it on the path, `import flash_attn` never reaches the shim (it finds a
-    real flash_attn, or nothing); `pip install .` ships only the flashc packages."""
-    out = run_python("import importlib.util; s = importlib.util.find_spec('flash_attn'); "
-                     "print(s.origin if s else None)", [FLASHC_DIR])
-    assert not out.strip().startswith(SHIM), out
+    """Without it on the path, neither `import flash_attn` nor importlib.metadata reaches
+    the shim (they find a real flash_attn, or nothing); `pip install .` ships only the
+    flashc packages."""
+    out = run_python(SHIM_METADATA, [FLASHC_DIR])
+    assert SHIM not in out and os.path.realpath(SHIM) not in out, out
     with open(os.path.join(ROOT, "setup.py")) as f:
         assert "flash_attn_shim" not in f.read()
 
