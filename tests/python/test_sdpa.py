@@ -8,7 +8,8 @@ causal), GQA/MQA with enable_gqa, scale; each asserts that flashc ran the call. 
 does not support fall back to torch's SDPA bitwise, with their reason counted; nesting
 and leaving the route restore torch's behaviour; a small attention module runs unedited
 under it, eagerly and through torch.compile; `python -m flashc.sdpa script.py` runs a
-script under it.
+script under it; and where HF transformers is installed (it is not in .venv: the test
+skips), a small Llama with attn_implementation="sdpa" trains and decodes under it.
 
 Run:  FLASHC_LIBRARY=build/libflashc.so PYTHONPATH=python python3 -m pytest tests/python -q
 """
@@ -337,3 +338,41 @@ def test_run_script(tmp_path, how):
     assert "RuntimeWarning" not in run.stderr
     assert "1 scaled_dot_product_attention calls ran on flashc, 1 on torch\n" \
         "  1: attn_mask given" in run.stderr
+
+
+def test_hf_transformers_llama():
+    """An HF transformers Llama (attn_implementation="sdpa", random weights from a config,
+    nothing downloaded) under the route: batches without padding and greedy decoding with
+    the KV cache run on flashc and match torch; a padded batch passes its mask and falls
+    back. Skips where transformers is not installed."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    assert model.config._attn_implementation == "sdpa"
+    ids = torch.randint(0, 100, (2, 12))
+    padded = torch.ones(2, 12, dtype=torch.long)
+    padded[0, :3] = 0
+
+    def run(**kw):
+        model.zero_grad()
+        out = model(input_ids=ids, labels=ids, **kw)
+        out.loss.backward()
+        return [out.logits.detach()] + [p.grad.clone() for p in model.parameters()]
+    want, want_padded = run(), run(attention_mask=padded)
+    with torch.no_grad():
+        want_tokens = model.generate(ids[:1], max_new_tokens=5, do_sample=False)
+    with sdpa.route() as r:
+        got = run()
+        assert (r.routed, r.fallbacks) == (2, {})
+        got_padded = run(attention_mask=padded)
+        assert r.routed == 2 and r.fallbacks == {"attn_mask given": 2}
+        with torch.no_grad():
+            tokens = model.generate(ids[:1], max_new_tokens=5, do_sample=False)
+    assert r.routed == 12 and torch.equal(tokens, want_tokens)
+    for a, b in zip(got, want):
+        assert_close(a, b)
+    for a, b in zip(got_padded, want_padded):
+        assert torch.equal(a, b)
