@@ -16,8 +16,12 @@
 // 16-34 KB in flight each; an sm80 SM (164 KB) holds one.
 //
 // A problem head dim that is not a row runs with the next larger row (the
-// columns past it are zero-filled). Shared memory rows are padded by 16 bytes
-// as in traits.h, so ldmatrix is conflict-free.
+// columns past it are zero-filled). Shared memory rows of a D that is a
+// multiple of 64 are unpadded and swizzled: 16-byte chunk c of row r sits at
+// chunk c ^ (r % 8) of its 128-byte block, so each 128-byte line of global
+// memory lands in one 128-byte block of shared memory and ldmatrix stays
+// conflict-free (bench/NOTES.md, issue 18 run 49: with rows padded by 16 bytes,
+// as other D have them, the same loads reach L2 as 2.6x the requests).
 #ifndef FLASHC_CUDA_DECODE_TRAITS_H
 #define FLASHC_CUDA_DECODE_TRAITS_H
 
@@ -61,7 +65,8 @@ struct fc_sm80_decode_traits {
     static constexpr int kDT = D / 8;           // 8-column tiles of O
     static constexpr int kKS = D / 16;          // k16 steps of S = Q K^T
     static constexpr int kChunks = D / 8;       // 16-byte chunks per row
-    static constexpr int kPitch = D + 8;        // smem row pitch, elements
+    static constexpr bool kSwizzle = D % 64 == 0;   // else rows padded by 8 elements
+    static constexpr int kPitch = kSwizzle ? D : D + 8;  // smem row pitch, elements
     static constexpr int kRowBytes = kPitch * 2;
     static constexpr int kQBytes = kBr * kRowBytes;
     static constexpr int kTileBytes = kBc * kRowBytes;    // one K or V tile
@@ -83,7 +88,7 @@ struct fc_sm80_decode_traits {
     static_assert(kStages >= 2, "at least one tile in flight while one is computed");
     static_assert(kBc % kLoadRPP == 0, "tile loads must split evenly");
     static_assert(kLoadPasses <= kLoadTPR, "a row group's lanes look up the pages of its passes");
-    static_assert((kPitch / 8) % 2 == 1, "the row pitch in 16-byte chunks must be odd");
+    static_assert(kSwizzle || (kPitch / 8) % 2 == 1, "a padded row pitch in 16-byte chunks must be odd");
     static_assert(kScratchBytes <= kRingBytes, "the warp merge reuses the K/V ring");
     static_assert(kSmemBytes <= FC_SM80_DECODE_SMEM_LIMIT, "shared memory must fit 163 KB (sm80)");
 };

@@ -66,6 +66,8 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
     constexpr int Br = Tr::kBr, Bc = Tr::kBc, S = Tr::kStages, W = Tr::kWarps;
     constexpr int NTH = Tr::kThreads, DT = Tr::kDT, KS = Tr::kKS, CH = Tr::kChunks;
     constexpr int RB = Tr::kRowBytes, TILE = Tr::kTileBytes, STAGE = Tr::kStageBytes;
+    // chunk c of row r of a Q, K or V tile is chunk c ^ swz(r) of the row (decode_traits.h)
+    const auto swz = [](int r) { return Tr::kSwizzle ? r & 7 : 0; };
     constexpr int TPR = Tr::kLoadTPR, RPP = Tr::kLoadRPP, PASSES = Tr::kLoadPasses;
 
     extern __shared__ __align__(128) unsigned char fc_smem[];
@@ -116,7 +118,8 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
         v_base += kb * p.f.v_s_batch;
     }
 
-    // ---- shared memory: Q [Br][pitch], then the ring of (K [Bc][pitch], V [Bc][pitch]) ----
+    // ---- shared memory: Q [Br][pitch], then the ring of (K [Bc][pitch], V [Bc][pitch]); rows
+    // swizzled or padded (decode_traits.h) ----
     const uint32_t sQ = fc_smem_u32(fc_smem);
     const uint32_t sK = sQ + Tr::kQBytes;
 
@@ -129,7 +132,7 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
             const int R = m0 + (r < rows ? r : 0);
             const int64_t off = (int64_t)b * p.f.q_s_batch + (int64_t)(R / G) * p.f.q_s_seq +
                                 (int64_t)(hk * G + R % G) * p.f.q_s_head + ch * 8;
-            fc_cp_async_16(sQ + r * RB + ch * 16, ok ? q + off : q, ok);
+            fc_cp_async_16(sQ + r * RB + (ch ^ swz(r)) * 16, ok ? q + off : q, ok);
         }
     };
     // K, V: thread tid copies chunk ld_ch of tile rows ld_row + c * RPP. Chunks
@@ -139,7 +142,12 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
     const bool ld_in_row = TPR == CH || ld_ch < CH;
     // row ld_row + c * RPP of a tile starting at key j0 is copied iff j0 + c * RPP < kv_lim
     const int kv_lim = ld_ch * 8 < p.f.head_dim ? sk - ld_row : INT_MIN;
-    const uint32_t ld_dst = ld_row * RB + ld_ch * 16;
+    // pass 0's destination, and pass c's offset from it: c * RPP rows on (the
+    // swizzled chunk moves too when RPP is not a multiple of 8)
+    const uint32_t ld_dst = ld_row * RB + (ld_ch ^ swz(ld_row)) * 16;
+    const auto ld_pass = [&](int c) -> int {
+        return c * RPP * RB + ((ld_ch ^ swz(ld_row + c * RPP)) - (ld_ch ^ swz(ld_row))) * 16;
+    };
     // Paged: lane ld_ch < PASSES of a row group looks up the page of the group's
     // pass-ld_ch row (tile row ld_row + ld_ch * RPP) in the next tile to load.
     const int pg_row = ld_row + ld_ch * RPP;
@@ -169,8 +177,8 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
 #pragma unroll
                     for (int c = 0; c < PASSES; ++c, ks += kstep, vs += vstep) {
                         const bool ok = j0 + c * RPP < kv_lim;
-                        fc_cp_async_16(dk + c * RPP * RB, ok ? ks : k, ok);
-                        fc_cp_async_16(dv + c * RPP * RB, ok ? vs : v, ok);
+                        fc_cp_async_16(dk + ld_pass(c), ok ? ks : k, ok);
+                        fc_cp_async_16(dv + ld_pass(c), ok ? vs : v, ok);
                     }
                 }
             } else {
@@ -184,8 +192,8 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
                             k + pr.offset(k_base, p.f.k_s_batch, p.f.k_s_seq) + ld_ch * 8;
                         const T *vs =
                             v + pr.offset(v_base, p.f.v_s_batch, p.f.v_s_seq) + ld_ch * 8;
-                        fc_cp_async_16(dk + c * RPP * RB, ok ? ks : k, ok);
-                        fc_cp_async_16(dv + c * RPP * RB, ok ? vs : v, ok);
+                        fc_cp_async_16(dk + ld_pass(c), ok ? ks : k, ok);
+                        fc_cp_async_16(dv + ld_pass(c), ok ? vs : v, ok);
                     }
                 }
                 lookup(n + 1);
@@ -195,13 +203,19 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
     };
 
     // ---- per-lane ldmatrix addresses (ptx.cuh layouts), this warp's 16 keys ----
+    // A lane reads chunk c0 + 2 s (c0 = 0 or 1) of its row at step s (16 columns);
+    // swizzled, that is chunk (c0 ^ (x & 1)) + ((2 s) ^ (x & 6)), x = swz(row): the
+    // address of step 0 and an offset per step.
+    const auto step = [](int s, int x) { return ((2 * s) ^ (x & 6)) * 16; };
     const int wkey = 16 * warp;  // first key of this warp within a tile
-    const uint32_t q_lds = sQ + (lane & 15) * RB + (lane >> 4) * 16;
+    const int q_x = swz(lane & 15);
+    const uint32_t q_lds = sQ + (lane & 15) * RB + ((lane >> 4) ^ (q_x & 1)) * 16;
     // K (B operand): matrices (keys 0-7, d 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15)
-    const uint32_t k_lds =
-        sK + (wkey + (lane & 7) + ((lane >> 4) << 3)) * RB + ((lane >> 3) & 1) * 16;
+    const int k_row = wkey + (lane & 7) + ((lane >> 4) << 3), k_x = swz(k_row);
+    const uint32_t k_lds = sK + k_row * RB + (((lane >> 3) & 1) ^ (k_x & 1)) * 16;
     // V (B operand, transposed): rows 8 * (m % 2) .. +7, columns 8 * (m / 2) .. +7, m = lane / 8
-    const uint32_t v_lds = sK + TILE + (wkey + (lane & 15)) * RB + (lane >> 4) * 16;
+    const int v_row = wkey + (lane & 15), v_x = swz(v_row);
+    const uint32_t v_lds = sK + TILE + v_row * RB + ((lane >> 4) ^ (v_x & 1)) * 16;
 
     // ---- prologue: Q with tile 0 in group 0, tiles 1 .. S-2 in their own ----
     load_q();
@@ -242,7 +256,7 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
         if constexpr (Tr::kQinRegs) {
             if (it == 0) {
 #pragma unroll
-                for (int ks = 0; ks < KS; ++ks) fc_ldmatrix_x4(q_frag[ks], q_lds + ks * 32);
+                for (int ks = 0; ks < KS; ++ks) fc_ldmatrix_x4(q_frag[ks], q_lds + step(ks, q_x));
             }
         }
         const uint32_t slot = (uint32_t)(it % S) * STAGE;
@@ -260,9 +274,9 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) a[e] = q_frag[ks][e];
             } else {
-                fc_ldmatrix_x4(a, q_lds + ks * 32);
+                fc_ldmatrix_x4(a, q_lds + step(ks, q_x));
             }
-            fc_ldmatrix_x4(bk, k_lds + slot + ks * 32);
+            fc_ldmatrix_x4(bk, k_lds + slot + step(ks, k_x));
             fc_mma_16816<T>(acc_s[0][0], a, bk[0], bk[1]);
             fc_mma_16816<T>(acc_s[0][1], a, bk[2], bk[3]);
         }
@@ -307,7 +321,7 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
 #pragma unroll
         for (int dp = 0; dp < DT / 2; ++dp) {
             uint32_t bv[4];
-            fc_ldmatrix_x4_trans(bv, v_lds + slot + dp * 32);
+            fc_ldmatrix_x4_trans(bv, v_lds + slot + step(dp, v_x));
             fc_mma_16816<T>(acc_o[0][2 * dp], pf, bv[0], bv[1]);
             fc_mma_16816<T>(acc_o[0][2 * dp + 1], pf, bv[2], bv[3]);
         }
