@@ -20,9 +20,10 @@ editing the code that makes them (`with flashc.sdpa.route():`, or `python -m fla
 script.py`). It is imported on first use of flashc.sdpa, so that `python -m flashc.sdpa`
 runs it once.
 
-python/flash_attn_shim holds a package named flash_attn made of these modules, for code
-that imports flash_attn and is not to be edited (README.md, "Using flashc as
-flash_attn"); it is on no path unless put there.
+python/flash_attn_shim holds a package named flash_attn made of these modules, and
+flash_attn_3 and flash_attn_interface made of flashc.v3, for code that imports flash_attn
+or FA3 and is not to be edited (README.md, "Using flashc as flash_attn"); it is on no path
+unless put there.
 """
 from ._lib import FlashcArgumentError, FlashcError, version
 from . import flash_attn_interface  # noqa: F401  as flash_attn's __init__ loads it
