@@ -1,45 +1,186 @@
 """setup.py : the part of `pip install .` that pyproject.toml cannot say: build the C
-library and ship it inside the package.
+library, ship it inside the package, and name the wheel after what was built.
 
-build_py runs CMake on this source tree (into build/pip, Release, the tests and the
-command-line program left out; the CUDA backend is built when nvcc is found, as in
-any build: pass more CMake options in $FLASHC_CMAKE_ARGS, e.g. -DFLASHC_CUDA=OFF) and
-copies libflashc.so to flashc/libflashc.so. With $FLASHC_LIBRARY set at install time
-it copies that library instead and builds nothing. The wheel is tagged for this
-platform (it holds a shared library) but not for a Python ABI or a torch version:
-the package loads the library with ctypes.
+What is built. build_py runs CMake on this source tree (Release, the tests and the
+command-line program left out) and copies libflashc.so to flashc/libflashc.so. The
+CUDA backend is built when an nvcc is found where CMake looks ($CUDACXX, PATH,
+$CUDA_PATH/bin) or in /usr/local/cuda/bin (where scripts/deps.sh puts it on PATH for
+./run.sh and ./test.sh). This file makes that choice, not CMake's detection: it passes
+-DFLASHC_CUDA=ON with -DCMAKE_CUDA_COMPILER, or -DFLASHC_CUDA=OFF, then the options
+in $FLASHC_CMAKE_ARGS (e.g. -DFLASHC_CUDA=OFF, -DFLASHC_CUDA_HEADDIMS=128), which it
+reads for FLASHC_CUDA and CMAKE_CUDA_COMPILER. Each configuration gets its own build
+folder, build/pip-<label>-<hash of the CMake options>: a value CMake cached for an
+earlier `pip install .` (FLASHC_CUDA=OFF, a compiler not found) never carries over,
+and building a configuration again is incremental. With $FLASHC_LIBRARY set, that
+library is shipped instead and nothing is built.
+
+The wheel's name. The version is flashc.h's with a local label saying what the
+library holds: 0.3.0+cpu, 0.3.0+cu130 (nvcc's release, as torch names its builds),
+or 0.3.0+cuda for a $FLASHC_LIBRARY with CUDA (a library does not say its toolkit).
+The library built is checked against it (flashc_version, flashc_cuda_compiled)
+before it goes in. The tags are py3-none-<platform>: the wheel holds a native
+library for this platform, but nothing in it links Python or torch (the package
+loads the library with ctypes), so one wheel serves every Python 3 and torch.
 """
+import ctypes
+import hashlib
 import os
+import re
 import shlex
 import shutil
 import subprocess
 
 from setuptools import setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
+# ---- what is built ----
+def release():
+    """flashc.h's FLASHC_VERSION_MAJOR.MINOR.PATCH (CMakeLists.txt checks project()'s
+    against it; python/flashc/_lib.py:VERSION is checked by tests/python)."""
+    with open(os.path.join(ROOT, "include", "flashc.h")) as f:
+        parts = dict(re.findall(r"^#define FLASHC_VERSION_(MAJOR|MINOR|PATCH) (\d+)$", f.read(),
+                                re.M))
+    return "%s.%s.%s" % (parts["MAJOR"], parts["MINOR"], parts["PATCH"])
+
+
+def cmake_defs(args):
+    """{name: value} of the -D options in a CMake argument list: -DNAME=V,
+    -DNAME:TYPE=V, -D NAME=V; a later one wins, as in CMake."""
+    defs = {}
+    for i, a in enumerate(args):
+        if a == "-D" and i + 1 < len(args):
+            a = "-D" + args[i + 1]
+        m = re.match(r"-D([A-Za-z_][A-Za-z0-9_]*)(?::[A-Za-z]+)?=(.*)$", a)
+        if m:
+            defs[m.group(1)] = m.group(2)
+    return defs
+
+
+def cmake_true(value):
+    """CMake's if(<constant>): ON, YES, TRUE, Y or a non-zero number."""
+    v = value.strip().upper()
+    return v in ("ON", "YES", "TRUE", "Y") or (re.fullmatch(r"-?\d+(\.\d*)?", v) is not None and
+                                               float(v) != 0)
+
+
+def find_nvcc(defs, env):
+    """The nvcc a build would use: CMAKE_CUDA_COMPILER of the options, $CUDACXX (its
+    first word, as CMake reads it), nvcc on PATH, $CUDA_PATH/bin/nvcc, then
+    /usr/local/cuda/bin/nvcc; None when there is none."""
+    if defs.get("CMAKE_CUDA_COMPILER"):
+        return defs["CMAKE_CUDA_COMPILER"]
+    if env.get("CUDACXX", "").strip():
+        return shlex.split(env["CUDACXX"])[0]
+    found = shutil.which("nvcc", path=env.get("PATH"))
+    if found:
+        return found
+    for folder in (os.path.join(env["CUDA_PATH"], "bin") if env.get("CUDA_PATH") else None,
+                   "/usr/local/cuda/bin"):
+        if folder and os.access(os.path.join(folder, "nvcc"), os.X_OK):
+            return os.path.join(folder, "nvcc")
+    return None
+
+
+def cuda_label(nvcc):
+    """"cu" and the release `nvcc --version` prints ("release 13.0" -> cu130)."""
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    except OSError as e:
+        raise RuntimeError("flashc: cannot run the CUDA compiler %s: %s" % (nvcc, e))
+    m = re.search(r"release (\d+)\.(\d+)", out)
+    if not m:
+        raise RuntimeError("flashc: `%s --version` names no release:\n%s" % (nvcc, out))
+    return "cu%s%s" % m.groups()
+
+
+def library_info(path):
+    """(flashc_version(), flashc_cuda_compiled()) of the library at `path`."""
+    lib = ctypes.CDLL(os.path.abspath(path))
+    lib.flashc_version.restype = ctypes.c_char_p
+    return lib.flashc_version().decode(), bool(lib.flashc_cuda_compiled())
+
+
+def configuration(env):
+    """What `pip install .` builds in environment `env`, as a dict: label (cpu, cuXY,
+    cuda), why (for the user), and either library ($FLASHC_LIBRARY) or cmake (the
+    configure options) and build (the build folder)."""
+    lib = env.get("FLASHC_LIBRARY")
+    if lib:
+        if not os.path.isfile(lib):
+            raise RuntimeError("flashc: FLASHC_LIBRARY=%s is not a file" % lib)
+        cuda = library_info(lib)[1]
+        return {"label": "cuda" if cuda else "cpu", "library": lib,
+                "why": "FLASHC_LIBRARY=%s, %s" % (lib, "with CUDA" if cuda else "CPU only")}
+    extra = shlex.split(env.get("FLASHC_CMAKE_ARGS", ""))
+    defs = cmake_defs(extra)
+    nvcc = find_nvcc(defs, env)
+    if "FLASHC_CUDA" in defs:
+        cuda = cmake_true(defs["FLASHC_CUDA"])
+        why = "FLASHC_CUDA=%s in FLASHC_CMAKE_ARGS" % defs["FLASHC_CUDA"]
+        if cuda and not nvcc:
+            raise RuntimeError("flashc: FLASHC_CMAKE_ARGS asks for CUDA (FLASHC_CUDA=%s) but "
+                               "no nvcc was found: set CUDACXX, or put nvcc on PATH" %
+                               defs["FLASHC_CUDA"])
+    else:
+        cuda = nvcc is not None
+        why = ("nvcc found: %s" % nvcc if cuda else
+               "no nvcc found ($CUDACXX, PATH, $CUDA_PATH/bin, /usr/local/cuda/bin)")
+    cmake = ["-DCMAKE_BUILD_TYPE=Release", "-DFLASHC_BUILD_TESTS=OFF", "-DFLASHC_BUILD_TOOLS=OFF"]
+    cmake += (["-DFLASHC_CUDA=ON", "-DCMAKE_CUDA_COMPILER=" + nvcc] if cuda else
+              ["-DFLASHC_CUDA=OFF"])
+    cmake += extra
+    label = cuda_label(nvcc) if cuda else "cpu"
+    key = hashlib.sha1("\0".join(cmake).encode()).hexdigest()[:8]
+    return {"label": label, "why": why, "cmake": cmake,
+            "build": os.path.join(ROOT, "build", "pip-%s-%s" % (label, key))}
+
+
+def check_library(path, release, label):
+    """Refuse a library that is not what the wheel's name says."""
+    version, cuda = library_info(path)
+    if version != release:
+        raise RuntimeError("flashc: %s is libflashc %s, but this package is flashc %s" %
+                           (path, version, release))
+    if cuda != (label != "cpu"):
+        raise RuntimeError("flashc: %s was built %s CUDA, but the wheel is labelled +%s" %
+                           (path, "with" if cuda else "without", label))
+
+
+# ---- the commands ----
 class BuildWithLibrary(build_py):
     def run(self):
         super().run()
-        lib = os.environ.get("FLASHC_LIBRARY")
+        conf = configuration(os.environ)
+        lib = conf.get("library")
         if not lib:
-            build = os.path.join(ROOT, "build", "pip")
-            subprocess.check_call(["cmake", "-S", ROOT, "-B", build, "-DCMAKE_BUILD_TYPE=Release",
-                                   "-DFLASHC_BUILD_TESTS=OFF", "-DFLASHC_BUILD_TOOLS=OFF"] +
-                                  shlex.split(os.environ.get("FLASHC_CMAKE_ARGS", "")))
+            build = conf["build"]
+            subprocess.check_call(["cmake", "-S", ROOT, "-B", build] + conf["cmake"])
             subprocess.check_call(["cmake", "--build", build, "--target", "flashc", "-j",
                                    str(os.cpu_count() or 2)])
             lib = os.path.join(build, "libflashc.so")
+        check_library(lib, release(), conf["label"])
         shutil.copyfile(lib, os.path.join(self.build_lib, "flashc", "libflashc.so"))
+
+
+class PlatformWheel(bdist_wheel):
+    """py3-none-<platform>: a native library that links no Python (see the top)."""
+
+    def get_tag(self):
+        return ("py3", "none", super().get_tag()[2])
 
 
 class PlatformDistribution(Distribution):
     def has_ext_modules(self):
-        return True
+        return True  # a platform wheel, installed to platlib
 
 
-setup(package_dir={"": "python"}, packages=["flashc", "flashc.layers"],
-      cmdclass={"build_py": BuildWithLibrary}, distclass=PlatformDistribution)
+if __name__ == "__main__":
+    setup(version="%s+%s" % (release(), configuration(os.environ)["label"]),
+          package_dir={"": "python"}, packages=["flashc", "flashc.layers"],
+          cmdclass={"build_py": BuildWithLibrary, "bdist_wheel": PlatformWheel},
+          distclass=PlatformDistribution)

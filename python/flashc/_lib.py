@@ -41,9 +41,9 @@ class Tensor(ctypes.Structure):
 # FLASHC_ABI_VERSION of the flashc.h these structs mirror: the library rejects args
 # of any other version, and _load refuses a library of another one.
 ABI_VERSION = 3
-# The flashc release this package is (pyproject.toml's version, flashc.h's
-# FLASHC_VERSION_*): _load refuses a library of another release unless
-# $FLASHC_ALLOW_VERSION_MISMATCH is 1.
+# The flashc release this package is (flashc.h's FLASHC_VERSION_*, which setup.py
+# gives the wheel with a build label: 0.3.0+cpu): _load refuses a library of another
+# release unless $FLASHC_ALLOW_VERSION_MISMATCH is 1.
 VERSION = "0.3.0"
 
 
