@@ -21,6 +21,12 @@ The library built is checked against it (flashc_version, flashc_cuda_compiled)
 before it goes in. The tags are py3-none-<platform>: the wheel holds a native
 library for this platform, but nothing in it links Python or torch (the package
 loads the library with ctypes), so one wheel serves every Python 3 and torch.
+
+What a user sees. pip shows a build backend's output only with -v (or when the build
+fails); without it, a spinner. So while pip captures the output, the build also
+writes a few lines to the terminal (/dev/tty): what it builds and why, CMake's
+progress every 10%, the time taken. $FLASHC_BUILD_PROGRESS=0 turns that off; with
+no terminal (CI) there is nothing to write to.
 """
 import ctypes
 import hashlib
@@ -29,6 +35,8 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
+import time
 
 from setuptools import setup
 from setuptools.command.bdist_wheel import bdist_wheel
@@ -151,18 +159,82 @@ def check_library(path, release, label):
                            (path, "with" if cuda else "without", label))
 
 
+# ---- what the user sees ----
+def terminal(env):
+    """The terminal to report progress on, or None: only while pip (or anything else)
+    captures this process's output, unless $FLASHC_BUILD_PROGRESS=0."""
+    if env.get("FLASHC_BUILD_PROGRESS") == "0" or sys.stdout.isatty():
+        return None
+    try:
+        return open("/dev/tty", "w")
+    except OSError:  # no controlling terminal: CI, a daemon
+        return None
+
+
+def minutes(seconds):
+    return "%d min %02d s" % divmod(int(seconds), 60) if seconds >= 60 else "%.0f s" % seconds
+
+
+class Progress:
+    """A few lines on `tty` (a file, or None: nothing): say() one line, line() each line
+    of CMake's build output, which it turns into one line per 10% done. Each line
+    starts with \\r so that it overwrites the character of pip's spinner, which pip
+    draws where the cursor is; the first starts a line after pip's own."""
+
+    def __init__(self, tty):
+        self.tty, self.start, self.tenths, self.first = tty, time.monotonic(), -1, True
+
+    def say(self, text):
+        if self.tty:
+            self.tty.write(("\n" if self.first else "\r") + text + "\n")
+            self.tty.flush()
+            self.first = False
+
+    def line(self, line):
+        m = re.match(r"\[\s*(\d+)%\]", line)            # Makefiles: "[ 37%] Building ..."
+        n = re.match(r"\[(\d+)/(\d+)\]", line)          # Ninja: "[12/80] Building ..."
+        pct = int(m.group(1)) if m else 100 * int(n.group(1)) // int(n.group(2)) if n else None
+        if pct is not None and pct // 10 > self.tenths:
+            self.tenths = pct // 10
+            self.say("flashc: build %3d%% (%s)" % (pct, minutes(time.monotonic() - self.start)))
+
+
+def run_logged(cmd, progress):
+    """Run cmd with its output (stderr too) copied line by line to stdout, where pip
+    keeps it for -v and for the report of a failed build, and each line to progress."""
+    print("flashc: " + shlex.join(cmd), flush=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace")
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        progress.line(line)
+    if proc.wait():
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
+
+
 # ---- the commands ----
 class BuildWithLibrary(build_py):
     def run(self):
         super().run()
         conf = configuration(os.environ)
+        progress = Progress(terminal(os.environ))
         lib = conf.get("library")
-        if not lib:
+        if lib:
+            progress.say("flashc: shipping %s (%s), nothing to build" % (lib, conf["why"]))
+        else:
             build = conf["build"]
-            subprocess.check_call(["cmake", "-S", ROOT, "-B", build] + conf["cmake"])
-            subprocess.check_call(["cmake", "--build", build, "--target", "flashc", "-j",
-                                   str(os.cpu_count() or 2)])
+            cuda = conf["label"] != "cpu"
+            progress.say("flashc: building libflashc.so %s+%s with CMake in %s: %s. %s" % (
+                release(), conf["label"], os.path.relpath(build, ROOT), conf["why"],
+                "A full CUDA build takes 3-5 min on 2 cores (docs/BUILD.md); `pip install -v .` "
+                "shows each step" if cuda else "CPU backend only, under a minute"))
+            run_logged(["cmake", "-S", ROOT, "-B", build] + conf["cmake"], Progress(None))
+            run_logged(["cmake", "--build", build, "--target", "flashc", "-j",
+                        str(os.cpu_count() or 2)], progress if cuda else Progress(None))
             lib = os.path.join(build, "libflashc.so")
+            progress.say("flashc: libflashc.so built in %s" %
+                         minutes(time.monotonic() - progress.start))
         check_library(lib, release(), conf["label"])
         shutil.copyfile(lib, os.path.join(self.build_lib, "flashc", "libflashc.so"))
 
