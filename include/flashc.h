@@ -112,8 +112,9 @@ FLASHC_API unsigned flashc_version_number(void);
 
 /* The layout and meaning of the structs of this header: bumped whenever one of
  * them changes (2: flashc 0.2's scale_given; 3: flashc 0.3's abi fields,
- * zero-default windows and rotary). */
-#define FLASHC_ABI_VERSION 3
+ * zero-default windows and rotary; 4: the learnable sink fields, sink and dsink,
+ * at the end of the args structs). */
+#define FLASHC_ABI_VERSION 4
 /* The initialiser of every args struct (and of flashc_cuda_device_info): the
  * ABI version, every tensor absent. */
 #if defined(__cplusplus) && __cplusplus < 202002L
@@ -258,7 +259,16 @@ FLASHC_API flashc_params flashc_params_default(void);
  * alibi_slopes: optional fp32 [H] or [B, H]; adds -slope * |i + Sk - Sq - j| to the
  *   (scaled, softcapped) score
  * attn_probs: optional fp32 [B, H, Sq, Sk], for tests: the softmax probabilities
- *   (before dropout), negated where dropout dropped the element */
+ *   (before dropout), negated where dropout dropped the element
+ * sink: optional fp32 [H], learnable attention sinks (gpt-oss); default absent
+ *   (data NULL: no sink, results bitwise as without the field). Query head h
+ *   gets one more logit s_h in the softmax's denominator that takes no value:
+ *     out_i = sum_j e^{x_ij} v_j / (e^{s_h} + sum_j e^{x_ij}),
+ *     lse_i = log(e^{s_h} + sum_j e^{x_ij}),
+ *   x_ij being the final scores (after scale, softcap, ALiBi and masks). A row
+ *   that sees no key gets out = 0 and lse = s_h. Dropout drops the keys'
+ *   probabilities only; the sink's mass stays in the denominator. CPU only: the
+ *   CUDA backend refuses it (FLASHC_ERR_UNSUPPORTED). */
 typedef struct flashc_fwd_args {
     uint32_t abi; /* FLASHC_ABI_VERSION */
     flashc_tensor q, k, v;
@@ -266,6 +276,7 @@ typedef struct flashc_fwd_args {
     flashc_tensor softmax_lse;
     flashc_tensor alibi_slopes;
     flashc_tensor attn_probs;
+    flashc_tensor sink; /* optional fp32 [H]; absent = no sink */
 } flashc_fwd_args;
 
 /* flashc_fwd() : batched attention forward.
@@ -300,7 +311,8 @@ FLASHC_API flashc_status flashc_fwd_supported(const flashc_fwd_args *args,
  * out: [total_q, H, D]  softmax_lse: optional fp32 [H, total_q]
  * alibi_slopes: optional fp32 [H] or [B, H]
  * attn_probs: optional fp32 [B, H, max_seqlen_q, max_seqlen_k] (rows/cols past a
- *   sequence's lengths are written 0) */
+ *   sequence's lengths are written 0)
+ * sink: optional fp32 [H], as in flashc_fwd_args (one s_h for every sequence) */
 typedef struct flashc_varlen_fwd_args {
     uint32_t abi; /* FLASHC_ABI_VERSION */
     flashc_tensor q, k, v;
@@ -312,6 +324,7 @@ typedef struct flashc_varlen_fwd_args {
     flashc_tensor softmax_lse;
     flashc_tensor alibi_slopes;
     flashc_tensor attn_probs;
+    flashc_tensor sink; /* optional fp32 [H]; absent = no sink */
 } flashc_varlen_fwd_args;
 
 /* flashc_varlen_fwd() : forward over packed variable-length sequences.
@@ -331,13 +344,21 @@ FLASHC_API flashc_status flashc_varlen_fwd_supported(const flashc_varlen_fwd_arg
  * Gradients of the forward with the same params (scale, masks, softcap, ALiBi,
  * dropout seed and offset). With GQA, dk/dv hold the sum over each KV head's
  * query group. params.deterministic = 1 makes dq, dk, dv bitwise identical from
- * run to run (the CPU backend always is). */
+ * run to run (the CPU backend always is).
+ * sink: optional fp32 [H], the forward's sink (softmax_lse then includes it);
+ *   default absent. dq, dk, dv need nothing else: P = e^{x - lse}.
+ * dsink: optional fp32 [H], only with sink; default absent (not computed).
+ *   Written, not accumulated (as flash_attn's gradients):
+ *     dsink_h = -sum_i e^{s_h - lse_i} * Delta_i,  Delta_i = dout_i . out_i,
+ *   over every query row i of head h in every batch (or varlen sequence). */
 typedef struct flashc_bwd_args {
     uint32_t abi; /* FLASHC_ABI_VERSION */
     flashc_tensor dout, q, k, v, out;
     flashc_tensor softmax_lse;
     flashc_tensor dq, dk, dv;
     flashc_tensor alibi_slopes;
+    flashc_tensor sink;  /* optional fp32 [H]; absent = no sink */
+    flashc_tensor dsink; /* optional fp32 [H] output, only with sink; absent = not computed */
 } flashc_bwd_args;
 
 /* flashc_bwd() : batched attention backward. @return as flashc_fwd(). */
@@ -350,7 +371,8 @@ FLASHC_API flashc_status flashc_bwd_supported(const flashc_bwd_args *args,
 
 /* ---- backward, variable length ---- */
 /* dout, q, out, dq: [total_q, H, D]  k, v, dk, dv: [total_k, Hk, D]
- * softmax_lse: fp32 [H, total_q]; cu_seqlens and max_seqlen as in the forward. */
+ * softmax_lse: fp32 [H, total_q]; cu_seqlens and max_seqlen as in the forward.
+ * sink, dsink: as in flashc_bwd_args; dsink sums over every sequence. */
 typedef struct flashc_varlen_bwd_args {
     uint32_t abi; /* FLASHC_ABI_VERSION */
     flashc_tensor dout, q, k, v, out;
@@ -359,6 +381,8 @@ typedef struct flashc_varlen_bwd_args {
     flashc_tensor cu_seqlens_q, cu_seqlens_k;
     int64_t max_seqlen_q, max_seqlen_k;
     flashc_tensor alibi_slopes;
+    flashc_tensor sink;  /* optional fp32 [H]; absent = no sink */
+    flashc_tensor dsink; /* optional fp32 [H] output, only with sink; absent = not computed */
 } flashc_varlen_bwd_args;
 
 /* flashc_varlen_bwd() : backward over packed variable-length sequences.
@@ -392,6 +416,7 @@ FLASHC_API flashc_status flashc_varlen_bwd_supported(const flashc_varlen_bwd_arg
  *   with an edge below the cache's rows (S_c, or max_blocks * page_size; an edge
  *   at or past them is no edge), else at cache_seqlens[b] (as flash_attn)
  * alibi_slopes: optional fp32 [H] or [B, H]
+ * sink: optional fp32 [H], as in flashc_fwd_args; default absent
  * out: [B, Sq, H, D]  softmax_lse: optional fp32 [B, H, Sq]
  * The keys of b are cache rows cache_leftpad[b] .. cache_seqlens[b] + S_new - 1;
  * masks are aligned to their bottom-right corner as in flashc_fwd().
@@ -413,6 +438,7 @@ typedef struct flashc_kvcache_args {
     flashc_tensor alibi_slopes;
     flashc_tensor out;
     flashc_tensor softmax_lse;
+    flashc_tensor sink; /* optional fp32 [H]; absent = no sink */
 } flashc_kvcache_args;
 
 /* flashc_fwd_kvcache() : attention of q over a KV cache, with optional in-place

@@ -30,6 +30,7 @@ static const fc_backend_impl fc_cpu_impl = {
     .id = FLASHC_BACKEND_CPU,
     .device = FLASHC_DEVICE_CPU,
     .usable = fc_cpu_usable,
+    .sinks = true,
     .fwd = {NULL, fc_cpu_fwd_workspace, fc_cpu_fwd},
     .bwd = {NULL, fc_cpu_bwd_workspace, fc_cpu_bwd},
     .kvcache = {NULL, fc_cpu_kvcache_workspace, fc_cpu_kvcache},

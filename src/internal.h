@@ -139,6 +139,10 @@ typedef struct fc_attn {
     bool causal;          /* informational: window_right == 0 came from causal */
     const float *alibi;   /* slope of (b, h) = alibi[b*alibi_s_batch + h], or NULL */
     int64_t alibi_s_batch;/* 0 for slopes [H] */
+    const float *sink;    /* learnable sink logit of head h = sink[h*sink_s], or NULL */
+    int64_t sink_s;
+    float *dsink;         /* backward: dsink[h*dsink_s] written, or NULL (only with sink) */
+    int64_t dsink_s;
     float dropout_p;      /* 0 = off */
     uint64_t seed, offset;
     bool deterministic;
@@ -188,6 +192,9 @@ static inline int64_t fc_lse_index(const fc_attn *a, int64_t b, int64_t h, int64
 static inline float fc_alibi_slope(const fc_attn *a, int64_t b, int64_t h) {
     return a->alibi ? a->alibi[b * a->alibi_s_batch + h] : 0.0f;
 }
+
+/* Sink logit of head h (flashc.h, flashc_fwd_args.sink); only with a->sink. */
+static inline float fc_sink_logit(const fc_attn *a, int64_t h) { return a->sink[h * a->sink_s]; }
 
 /* Visible key range of query row i in a sequence of lengths (sq, sk): keys
  * j in [*lo, *hi) (empty when *lo >= *hi), common/window.h's rule (bottom-right
@@ -329,6 +336,7 @@ typedef struct fc_backend_impl {
     flashc_backend id;
     flashc_device device;
     int (*usable)(void);
+    bool sinks; /* runs learnable sinks (fc_attn.sink); prepare.c refuses them otherwise */
     fc_attn_op fwd, bwd;
     fc_kvcache_op kvcache;
     void *(*malloc)(size_t bytes); /* aligned to FLASHC_WORKSPACE_ALIGN, or NULL */

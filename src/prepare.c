@@ -266,6 +266,26 @@ static flashc_status fc_check_alibi(fc_ctx *c, const flashc_tensor *t) {
     return fc_check_tensor(c, t, &r);
 }
 
+/* sink (name "sink") or dsink: fp32 [H]. dsink only with a sink. */
+static flashc_status fc_check_sink(fc_ctx *c, const flashc_tensor *t, const char *name,
+                                   const flashc_tensor *sink) {
+    if (!t || !t->data) return FLASHC_OK;
+    if (sink) FC_CHECK_ARG(sink->data, "%s is given but sink is absent: dsink is the sink's gradient", name);
+    fc_role r = {name, "[H]", 1, FC_DT_FP32, NULL, NULL, {{0}}};
+    r.dim[0] = FC_AS(c->q, "q", c->q->ndim - 2);
+    return fc_check_tensor(c, t, &r);
+}
+
+/* A backend without learnable sinks refuses a call with one, here, before any
+ * workspace or launch (every entry point prepares first). */
+static flashc_status fc_check_backend_sinks(const fc_backend_impl *impl, const flashc_tensor *sink) {
+    if (sink && sink->data && !impl->sinks)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "sink is given: learnable sinks are not supported by the %s backend yet",
+                            impl->id == FLASHC_BACKEND_CUDA ? "CUDA" : flashc_backend_name(impl->id));
+    return FLASHC_OK;
+}
+
 /* attn_probs: fp32 [B, H, sq, sk]. */
 static flashc_status fc_check_probs(fc_ctx *c, const flashc_tensor *t, fc_dim sq, fc_dim sk) {
     if (!t->data) return FLASHC_OK;
@@ -477,6 +497,18 @@ static void fc_set_extras(fc_attn *a, const flashc_tensor *lse, const flashc_ten
     }
 }
 
+/* sink and dsink of a, from validated tensors (each may be absent or NULL). */
+static void fc_set_sink(fc_attn *a, const flashc_tensor *sink, const flashc_tensor *dsink) {
+    if (sink && sink->data) {
+        a->sink = (const float *)sink->data;
+        a->sink_s = sink->stride[0];
+    }
+    if (dsink && dsink->data) {
+        a->dsink = (float *)dsink->data;
+        a->dsink_s = dsink->stride[0];
+    }
+}
+
 static const flashc_params *fc_params_or_default(const flashc_params *p, flashc_params *def) {
     if (p) return p;
     *def = flashc_params_default();
@@ -488,6 +520,7 @@ static const flashc_params *fc_params_or_default(const flashc_params *p, flashc_
  * as pointers into their args; what an entry point lacks is NULL. */
 typedef struct fc_operands {
     const flashc_tensor *q, *k, *v, *out, *lse, *alibi, *probs;
+    const flashc_tensor *sink, *dsink;                          /* dsink: backward */
     const flashc_tensor *dout, *dq, *dk, *dv;                   /* backward */
     const flashc_tensor *cu_q, *cu_k, *seqused_k, *block_table; /* varlen */
     int64_t max_seqlen_q, max_seqlen_k;                         /* varlen */
@@ -542,6 +575,8 @@ static flashc_status fc_prepare_attention(const fc_operands *o, const flashc_par
     }
     FC_TRY(fc_check_lse(&c, o->lse, op == FC_OP_BWD));
     FC_TRY(fc_check_alibi(&c, o->alibi));
+    FC_TRY(fc_check_sink(&c, o->sink, "sink", NULL));
+    FC_TRY(fc_check_sink(&c, o->dsink, "dsink", o->sink));
     if (o->probs) {
         fc_dim sq = varlen ? FC_VAL(o->max_seqlen_q, "max_seqlen_q") : FC_AS(o->q, "q", 1);
         fc_dim sk = varlen ? FC_VAL(o->max_seqlen_k, "max_seqlen_k") : FC_AS(o->k, "k", 1);
@@ -553,6 +588,7 @@ static flashc_status fc_prepare_attention(const fc_operands *o, const flashc_par
         if (c.device == FLASHC_DEVICE_CPU) FC_TRY(fc_check_varlen_values(&c, o));
     }
     FC_TRY(fc_select_backend(&c, p->backend, &call->impl));
+    FC_TRY(fc_check_backend_sinks(call->impl, o->sink));
 
     fc_attn *a = &call->attn;
     call->op = op;
@@ -591,19 +627,21 @@ static flashc_status fc_prepare_attention(const fc_operands *o, const flashc_par
         a->dv = fc_view_of(o->dv);
     }
     fc_set_extras(a, o->lse, o->alibi, o->probs);
+    fc_set_sink(a, o->sink, o->dsink);
     fc_resolve_options(a, p, c.D);
     return FLASHC_OK;
 }
 
 static fc_operands fc_operands_fwd(const flashc_fwd_args *x) {
     return (fc_operands){.q = &x->q, .k = &x->k, .v = &x->v, .out = &x->out,
-                         .lse = &x->softmax_lse, .alibi = &x->alibi_slopes, .probs = &x->attn_probs};
+                         .lse = &x->softmax_lse, .alibi = &x->alibi_slopes, .probs = &x->attn_probs,
+                         .sink = &x->sink};
 }
 
 static fc_operands fc_operands_varlen_fwd(const flashc_varlen_fwd_args *x) {
     return (fc_operands){.q = &x->q, .k = &x->k, .v = &x->v, .out = &x->out,
                          .lse = &x->softmax_lse, .alibi = &x->alibi_slopes, .probs = &x->attn_probs,
-                         .cu_q = &x->cu_seqlens_q, .cu_k = &x->cu_seqlens_k,
+                         .sink = &x->sink, .cu_q = &x->cu_seqlens_q, .cu_k = &x->cu_seqlens_k,
                          .seqused_k = &x->seqused_k, .block_table = &x->block_table,
                          .max_seqlen_q = x->max_seqlen_q, .max_seqlen_k = x->max_seqlen_k};
 }
@@ -611,12 +649,14 @@ static fc_operands fc_operands_varlen_fwd(const flashc_varlen_fwd_args *x) {
 static fc_operands fc_operands_bwd(const flashc_bwd_args *x) {
     return (fc_operands){.q = &x->q, .k = &x->k, .v = &x->v, .out = &x->out,
                          .lse = &x->softmax_lse, .alibi = &x->alibi_slopes,
+                         .sink = &x->sink, .dsink = &x->dsink,
                          .dout = &x->dout, .dq = &x->dq, .dk = &x->dk, .dv = &x->dv};
 }
 
 static fc_operands fc_operands_varlen_bwd(const flashc_varlen_bwd_args *x) {
     return (fc_operands){.q = &x->q, .k = &x->k, .v = &x->v, .out = &x->out,
                          .lse = &x->softmax_lse, .alibi = &x->alibi_slopes,
+                         .sink = &x->sink, .dsink = &x->dsink,
                          .dout = &x->dout, .dq = &x->dq, .dk = &x->dk, .dv = &x->dv,
                          .cu_q = &x->cu_seqlens_q, .cu_k = &x->cu_seqlens_k,
                          .max_seqlen_q = x->max_seqlen_q, .max_seqlen_k = x->max_seqlen_k};
@@ -728,6 +768,7 @@ static flashc_status fc_prepare_cache(const flashc_kvcache_args *x, const flashc
     FC_TRY(fc_check_same(&c, &x->out, "out", &x->q, "q", c.q_layout));
     FC_TRY(fc_check_lse(&c, &x->softmax_lse, false));
     FC_TRY(fc_check_alibi(&c, &x->alibi_slopes));
+    FC_TRY(fc_check_sink(&c, &x->sink, "sink", NULL));
     if (x->cache_seqlens.data && x->cache_seqlens.ndim == 0) {
         fc_role r = {"cache_seqlens", "[] or [B]", 0, FC_DT_INT32, NULL, NULL, {{0}}};
         FC_TRY(fc_check_tensor(&c, &x->cache_seqlens, &r));
@@ -755,6 +796,7 @@ static flashc_status fc_prepare_cache(const flashc_kvcache_args *x, const flashc
     a->max_seqlen_k = kc->kv_capacity;
     if (c.device == FLASHC_DEVICE_CPU) FC_TRY(fc_check_kvcache_values(&c, x, call, &a->max_seqlen_k));
     FC_TRY(fc_select_backend(&c, p->backend, &call->impl));
+    FC_TRY(fc_check_backend_sinks(call->impl, &x->sink));
 
     call->op = FC_OP_KVCACHE;
     call->device = c.device;
@@ -779,6 +821,7 @@ static flashc_status fc_prepare_cache(const flashc_kvcache_args *x, const flashc
     a->v = fc_view_of(&x->v_cache);
     a->out = fc_view_of(&x->out);
     fc_set_extras(a, &x->softmax_lse, &x->alibi_slopes, NULL);
+    fc_set_sink(a, &x->sink, NULL);
     kc->k_new = fc_view_of(&x->k_new);
     kc->v_new = fc_view_of(&x->v_new);
     kc->seqlen_new = x->k_new.data ? x->k_new.shape[1] : 0;

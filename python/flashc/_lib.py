@@ -40,7 +40,7 @@ class Tensor(ctypes.Structure):
 
 # FLASHC_ABI_VERSION of the flashc.h these structs mirror: the library rejects args
 # of any other version, and _load refuses a library of another one.
-ABI_VERSION = 3
+ABI_VERSION = 4
 # The flashc release this package is (flashc.h's FLASHC_VERSION_*, which setup.py
 # gives the wheel with a build label: 0.3.0+cpu): _load refuses a library of another
 # release unless $FLASHC_ALLOW_VERSION_MISMATCH is 1.
@@ -75,18 +75,19 @@ def _args_struct(name, fields):
 
 
 FwdArgs = _args_struct("FwdArgs", ("q", "k", "v", "out", "softmax_lse", "alibi_slopes",
-                                   "attn_probs"))
+                                   "attn_probs", "sink"))
 VarlenFwdArgs = _args_struct("VarlenFwdArgs", (
     "q", "k", "v", "out", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
-    "seqused_k", "block_table", "softmax_lse", "alibi_slopes", "attn_probs"))
+    "seqused_k", "block_table", "softmax_lse", "alibi_slopes", "attn_probs", "sink"))
 BwdArgs = _args_struct("BwdArgs", ("dout", "q", "k", "v", "out", "softmax_lse", "dq", "dk",
-                                   "dv", "alibi_slopes"))
+                                   "dv", "alibi_slopes", "sink", "dsink"))
 VarlenBwdArgs = _args_struct("VarlenBwdArgs", (
     "dout", "q", "k", "v", "out", "softmax_lse", "dq", "dk", "dv", "cu_seqlens_q",
-    "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "alibi_slopes"))
+    "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "alibi_slopes", "sink", "dsink"))
 KvcacheArgs = _args_struct("KvcacheArgs", (
     "q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos", "rotary_sin", "cache_seqlens",
-    "cache_batch_idx", "cache_leftpad", "block_table", "alibi_slopes", "out", "softmax_lse"))
+    "cache_batch_idx", "cache_leftpad", "block_table", "alibi_slopes", "out", "softmax_lse",
+    "sink"))
 
 # the integer metadata tensors (int32 only)
 INT_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table", "cache_seqlens",

@@ -12,6 +12,9 @@
  *   dS = P o (dP - Delta_i) o (1 - tanh^2)    Delta_i = dO_i . O_i; the last
  *                            factor only with softcap
  *   dKj += scale dS^T Qi,  dQi += scale dS Kj
+ * A learnable sink changes none of this (its mass is in lse) and adds
+ * dsink_h = -sum_i e^{s_h - lse_i} Delta_i, summed with Delta (derived at
+ * fc_bwd_delta_task).
  * Scores are kept in log2 units (times log2 e; the constants: common/score.h,
  * the forward's) and P comes from exp2. All sums
  * are fp32; each output element is written once, in the dtype. Delta is a
@@ -99,6 +102,7 @@ typedef struct fc_bwd_plan {
     size_t off[FC_WS_COUNT]; /* region offsets inside one thread's scratch */
     size_t thread_bytes;     /* one thread's scratch, a multiple of FLASHC_WORKSPACE_ALIGN */
     size_t delta_off, scratch_off, total;
+    size_t dsink_off;        /* with dsink: (B, H) doubles, the sums of each (b, h) */
 } fc_bwd_plan;
 
 static int64_t fc_bwd_longest(const fc_attn *a, bool keys) {
@@ -148,12 +152,14 @@ static size_t fc_bwd_plan_make(const fc_attn *a, fc_bwd_plan *pl) {
     sizes[FC_WS_DK] = sizes[FC_WS_DV] = rows_k * d * f;
     pl->thread_bytes = fc_ws_layout(FC_WS_COUNT, sizes, pl->off);
 
-    size_t outer[2] = {(size_t)(a->batch * a->heads * pl->sq) * f,
-                       (size_t)pl->threads * pl->thread_bytes};
-    size_t outer_off[2];
-    pl->total = fc_ws_layout(2, outer, outer_off);
+    size_t outer[3] = {(size_t)(a->batch * a->heads * pl->sq) * f,
+                       (size_t)pl->threads * pl->thread_bytes,
+                       a->dsink ? (size_t)(a->batch * a->heads) * sizeof(double) : 0};
+    size_t outer_off[3];
+    pl->total = fc_ws_layout(3, outer, outer_off);
     pl->delta_off = outer_off[0];
     pl->scratch_off = outer_off[1];
+    pl->dsink_off = outer_off[2];
     return pl->total;
 }
 
@@ -164,6 +170,7 @@ typedef struct fc_bwd_ctx {
     fc_bwd_plan pl;
     char *ws;
     float *delta;          /* (B, H, plan.sq) Delta */
+    double *dsink_part;    /* (B, H) with dsink: -sum_i P_sink,i Delta_i of (b, h) */
     size_t esize;          /* bytes per element of the dtype */
     fc_score_consts sc;    /* common/score.h: dot product -> z in log2 units, dropout */
     atomic_int bad_thread; /* a pool thread index past plan.threads was seen */
@@ -292,6 +299,21 @@ static void fc_bwd_delta_task(void *ctx, int64_t task, int thread) {
         for (int e = 0; e < d; e++) acc += s.dout[e] * s.q[e];
         delta[i] = acc;
     }
+    /* dsink. With P_ij = e^{x_ij - lse_i}, lse_i = log(e^s + sum_j e^{x_ij}) and
+     * dP_ij = dO_i . (Z_ij v_j) (Z: dropout's 0 or 1/(1-p)), O_i = sum_j P_ij Z_ij v_j:
+     *   dL/ds = sum_ij dP_ij dP_ij/ds = sum_ij dP_ij (-P_ij e^{s - lse_i})
+     *         = -sum_i P_sink,i dO_i . sum_j P_ij Z_ij v_j = -sum_i P_sink,i Delta_i,
+     * P_sink,i = e^{s - lse_i}. A row that saw no key has O_i = 0, so Delta_i = 0;
+     * an lse of -inf (a sink of -inf and no key) adds nothing. Summed in double
+     * per (b, h) here, over b in order at the end: deterministic. */
+    if (c->dsink_part) {
+        double sum = 0.0, sink = (double)fc_sink_logit(a, h);
+        for (int64_t i = 0; i < sq; i++) {
+            double lse = (double)a->lse[fc_lse_index(a, b, h, i)];
+            if (lse != -INFINITY) sum += exp(sink - lse) * (double)delta[i];
+        }
+        c->dsink_part[task] = -sum;
+    }
 }
 
 /* ---- one tile ---- */
@@ -377,7 +399,10 @@ static void fc_bwd_probs(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const fc_
 /* s->p holds P, s->dp holds dOi Vj^T: overwrite s->p with dS (without the
  * factor scale, which the stores of dQ and dK apply). A row that sees one key
  * gets dS = 0 when that key's P is at least FC_ONE_KEY_P, or when the key is
- * in another tile (P = 0 here): common/window.h's one-key rule. */
+ * in another tile (P = 0 here): common/window.h's one-key rule. With a
+ * learnable sink the row's P is below 1 and the formula applies (the rule is
+ * off): dS = P (dP - Delta) with Delta = P dP + 0 for the sink, which takes no
+ * value. */
 static void fc_bwd_dscores(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const fc_bwd_tile *t) {
     int ld = c->pl.bc;
     bool dropout = c->a->dropout_p > 0.0f, cap = c->a->softcap > 0.0f;
@@ -386,7 +411,7 @@ static void fc_bwd_dscores(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const f
         float *p = s->p + (size_t)r * ld;
         int64_t lo, hi;
         fc_key_range(c->a, t->sq, t->sk, t->i0 + r, &lo, &hi);
-        if (hi - lo == 1 &&
+        if (!c->a->sink && hi - lo == 1 &&
             (lo < t->j0 || lo >= t->j0 + t->bc || p[lo - t->j0] >= FC_ONE_KEY_P)) {
             memset(p, 0, (size_t)t->bc * sizeof(float));
             continue;
@@ -563,6 +588,7 @@ flashc_status fc_cpu_bwd(const fc_attn *a, void *ws, size_t ws_bytes) {
     c.ops = fc_simd();
     c.ws = (char *)ws;
     c.delta = (float *)(c.ws + c.pl.delta_off);
+    c.dsink_part = a->dsink ? (double *)(c.ws + c.pl.dsink_off) : NULL;
     c.esize = flashc_dtype_size(a->dtype);
     c.sc = fc_score_consts_of(a);
     atomic_init(&c.bad_thread, 0);
@@ -578,6 +604,12 @@ flashc_status fc_cpu_bwd(const fc_attn *a, void *ws, size_t ws_bytes) {
         fc_pool_run(a->batch * a->kv_heads * nbk, fc_bwd_dkdv_task, &c);
         fc_pool_run(a->batch * a->heads * nbq, fc_bwd_dq_task, &c);
     }
+    if (c.dsink_part)
+        for (int64_t h = 0; h < a->heads; h++) {
+            double sum = 0.0;
+            for (int64_t b = 0; b < a->batch; b++) sum += c.dsink_part[b * a->heads + h];
+            a->dsink[h * a->dsink_s] = (float)sum;
+        }
     if (atomic_load(&c.bad_thread))
         return fc_set_error(FLASHC_ERR_INTERNAL,
                             "the thread count changed during the call (planned for %d threads)",

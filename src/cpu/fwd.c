@@ -460,15 +460,30 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
         }
     }
 
-    /* Oi / l, lse; a row that saw no key has l = 0, Oi = 0 */
+    /* Oi / l, lse; a row that saw no key has l = 0, Oi = 0. With a learnable
+     * sink s (log2 units s2 = s log2 e) the denominator is l 2^m + 2^s2:
+     * lse2 = M + log2(l 2^(m-M) + 2^(s2-M)) with M = max(m, s2) (no overflow
+     * either way), and out = Oi 2^m / 2^lse2 = Oi 2^(m - lse2); a row that saw
+     * no key gets lse2 = s2 and out = 0. Shared by every SIMD path. */
     for (int c = 0; c < t.nq; c++) {
         int seen = t.l[c] != 0.0f; /* NaN (a NaN score) is seen: NaN out and lse */
-        double lse2 = seen ? (double)t.m[c] + log2((double)t.l[c]) : -INFINITY;
-        t.lse2[c] = (float)lse2;
         int64_t hc = fc_fwd_col_head(&t, c), ic = fc_fwd_col_row(&t, c);
+        double lse2 = seen ? (double)t.m[c] + log2((double)t.l[c]) : -INFINITY;
+        float factor = seen ? 1.0f / t.l[c] : 0.0f;
+        if (a->sink) {
+            double s2 = (double)fc_sink_logit(a, hc) * FC_LOG2E;
+            if (seen) {
+                double m = t.m[c], top = m > s2 ? m : s2;
+                lse2 = top + log2((double)t.l[c] * exp2(m - top) + exp2(s2 - top));
+                factor = (float)exp2(m - lse2);
+            } else {
+                lse2 = s2;
+            }
+        }
+        t.lse2[c] = (float)lse2;
         int64_t off = fc_q_row(a, &a->out, t.b, ic) + hc * a->out.s_head;
         ops->store(a->dtype, D, t.o + (size_t)c * ldd, (char *)a->out.ptr + off * (int64_t)es,
-                   seen ? 1.0f / t.l[c] : 0.0f);
+                   factor);
         if (a->lse) a->lse[fc_lse_index(a, t.b, hc, ic)] = (float)(lse2 * x->sc.ln2);
     }
     if (a->probs) fc_fwd_probs(x, &t);
