@@ -45,6 +45,7 @@ typedef struct fc_ref_ctx {
     uint32_t thr;       /* drop iff the 16-bit word < thr */
     uint64_t seed, offset;
     const flashc_tensor *alibi; /* [H] or [B, H] fp32, data NULL when absent */
+    const flashc_tensor *sink;  /* [H] fp32 learnable sinks, NULL or data NULL when absent */
 } fc_ref_ctx;
 
 static inline double fc_ref_f32(const fc_ref_ctx *c, double x) {
@@ -88,6 +89,13 @@ static void fc_ref_ctx_init(fc_ref_ctx *c, const flashc_params *p, fc_ref_mode m
     c->seed = p->dropout_seed;
     c->offset = p->dropout_offset;
     c->alibi = alibi;
+}
+
+/* The sink logit of head h, or -inf (no sink: e^-inf adds nothing). */
+static double fc_ref_sink(const fc_ref_ctx *c, int64_t h) {
+    const flashc_tensor *t = c->sink;
+    if (!t || !t->data) return -INFINITY;
+    return ((const float *)t->data)[h * t->stride[0]];
 }
 
 static double fc_ref_slope(const fc_ref_ctx *c, int64_t b, int64_t h) {
@@ -150,6 +158,7 @@ typedef struct fc_ref_head {
     const double *q;    /* [sq, D] */
     const double *k, *v;/* [sk, D] */
     double slope;       /* ALiBi, 0 = off */
+    double sink;        /* learnable sink logit, -inf = none */
 } fc_ref_head;
 
 /* Per-row scratch. */
@@ -169,7 +178,9 @@ static bool fc_ref_visible(const fc_ref_ctx *c, int64_t sq, int64_t sk, int64_t 
 }
 
 /* Softmax row i of head hd into w->p, w->dcap, w->keep. Returns the lse, or
- * -inf when row i sees no key (then p is all 0). */
+ * -inf when row i sees no key (then p is all 0). With a sink s the denominator
+ * is e^s + sum_j e^{x_j} (the sink takes no value) and a row without keys
+ * returns s. */
 static double fc_ref_row(const fc_ref_ctx *c, const fc_ref_head *hd, int64_t i,
                          fc_ref_scratch *w) {
     const int64_t D = c->D, sk = hd->sk;
@@ -198,14 +209,16 @@ static double fc_ref_row(const fc_ref_ctx *c, const fc_ref_head *hd, int64_t i,
     if (m == -INFINITY) {
         for (int64_t j = 0; j < sk; j++) w->p[j] = 0.0;
         memset(w->keep, 1, (size_t)sk);
-        return -INFINITY;
+        return hd->sink;
     }
+    if (hd->sink > m) m = hd->sink; /* a NaN m stays NaN */
     double l = 0.0;
     for (int64_t j = 0; j < sk; j++) {
         double e = w->p[j] == -INFINITY ? 0.0 : fc_ref_f32(c, exp(fc_ref_f32(c, w->p[j] - m)));
         w->p[j] = e;
         l = fc_ref_f32(c, l + e);
     }
+    if (hd->sink != -INFINITY) l = fc_ref_f32(c, l + fc_ref_f32(c, exp(fc_ref_f32(c, hd->sink - m))));
     for (int64_t j = 0; j < sk; j++) w->p[j] = fc_ref_rnd(c, fc_ref_f32(c, w->p[j] / l));
     uint32_t bh = (uint32_t)(hd->b * c->H + hd->h);
     for (int64_t j = 0; j < sk; j++)
@@ -247,14 +260,17 @@ static void fc_ref_head_fwd(const fc_ref_ctx *c, const fc_ref_head *hd, fc_ref_s
 }
 
 /* Backward of one head: dq [sq, D] written, dk and dv [sk, D] accumulated
- * (fp32 sums in LOWP); the caller applies the scale to dk and rounds. */
+ * (fp32 sums in LOWP); the caller applies the scale to dk and rounds. With a
+ * sink, *dsink (double) accumulates -sum_i e^{s - lse_i} D_i. */
 static void fc_ref_head_bwd(const fc_ref_ctx *c, const fc_ref_head *hd, fc_ref_scratch *w,
-                            const double *dout, double *dq, double *dk, double *dv) {
+                            const double *dout, double *dq, double *dk, double *dv,
+                            double *dsink) {
     const int64_t D = c->D, sk = hd->sk;
     for (int64_t i = 0; i < hd->sq; i++) {
         double *dqi = dq + i * D;
         const double *qi = hd->q + i * D, *doi = dout + i * D;
-        if (fc_ref_row(c, hd, i, w) == -INFINITY) {
+        double lse = fc_ref_row(c, hd, i, w);
+        if (lse == -INFINITY) {
             for (int64_t d = 0; d < D; d++) dqi[d] = 0.0;
             continue;
         }
@@ -273,6 +289,7 @@ static void fc_ref_head_bwd(const fc_ref_ctx *c, const fc_ref_head *hd, fc_ref_s
             fc_ref_out_row(c, hd, w);
             di = fc_ref_dot(c, doi, w->acc, D);
         }
+        if (hd->sink != -INFINITY) *dsink -= fc_ref_f32(c, exp(fc_ref_f32(c, hd->sink - lse))) * di;
         /* dS = P * (dP - D_i), through the softcap's tanh' */
         for (int64_t j = 0; j < sk; j++) {
             double ds = fc_ref_rnd(c, fc_ref_f32(c, w->p[j] * fc_ref_f32(c, w->dp[j] - di)));
@@ -477,7 +494,8 @@ static flashc_status fc_ref_run_fwd(const fc_ref_prob *pr, double *out, double *
             for (int64_t h = hk * G; h < (hk + 1) * G; h++) {
                 fc_ref_load_q(pr, pr->q, b, h, sq, rotate, m.q);
                 fc_ref_head hd = {b,   h,   sq,  sk,
-                                  m.q, m.k, m.v, fc_ref_f32(c, fc_ref_slope(c, b, h))};
+                                  m.q, m.k, m.v, fc_ref_f32(c, fc_ref_slope(c, b, h)),
+                                  fc_ref_sink(c, h)};
                 /* lse: [B, H, Sq] batched, [H, total_q] varlen */
                 double *l = !lse ? NULL
                             : pr->cu_q ? lse + h * pr->rows_q + pr->cu_q[b]
@@ -493,7 +511,7 @@ static flashc_status fc_ref_run_fwd(const fc_ref_prob *pr, double *out, double *
 }
 
 static flashc_status fc_ref_run_bwd(const fc_ref_prob *pr, const flashc_tensor *dout, double *dq,
-                                    double *dk, double *dv) {
+                                    double *dk, double *dv, double *dsink) {
     const fc_ref_ctx *c = &pr->c;
     const int64_t H = c->H, Hk = c->Hk, D = c->D, G = H / Hk;
     if (dq)
@@ -502,6 +520,9 @@ static flashc_status fc_ref_run_bwd(const fc_ref_prob *pr, const flashc_tensor *
         for (int64_t i = 0; i < pr->rows_k * Hk * D; i++) dk[i] = 0.0;
     if (dv)
         for (int64_t i = 0; i < pr->rows_k * Hk * D; i++) dv[i] = 0.0;
+    if (dsink)
+        for (int64_t h = 0; h < H; h++) dsink[h] = 0.0;
+    double dsink_unused = 0.0;
     fc_ref_bufs m;
     FC_TRY(fc_ref_bufs_alloc(pr, true, &m));
     for (int64_t b = 0; b < pr->B; b++) {
@@ -515,8 +536,10 @@ static flashc_status fc_ref_run_bwd(const fc_ref_prob *pr, const flashc_tensor *
                 fc_ref_load_q(pr, dout, b, h, sq, false, m.dout);
                 for (int64_t e = 0; e < sk * D; e++) m.dk1[e] = m.dv1[e] = 0.0;
                 fc_ref_head hd = {b,   h,   sq,  sk,
-                                  m.q, m.k, m.v, fc_ref_f32(c, fc_ref_slope(c, b, h))};
-                fc_ref_head_bwd(c, &hd, &m.w, m.dout, m.dq, m.dk1, m.dv1);
+                                  m.q, m.k, m.v, fc_ref_f32(c, fc_ref_slope(c, b, h)),
+                                  fc_ref_sink(c, h)};
+                fc_ref_head_bwd(c, &hd, &m.w, m.dout, m.dq, m.dk1, m.dv1,
+                                dsink ? &dsink[h] : &dsink_unused);
                 if (dq)
                     for (int64_t i = 0; i < sq; i++)
                         memcpy(dq + (fc_ref_qrow(pr, b, i) * H + h) * D, m.dq + i * D,
@@ -586,6 +609,7 @@ flashc_status fc_ref_fwd(const flashc_fwd_args *a, const flashc_params *p, fc_re
                          double *out, double *lse, double *probs) {
     fc_ref_prob pr;
     fc_ref_prob_batched(&pr, p, mode, &a->q, &a->k, &a->v, &a->alibi_slopes);
+    pr.c.sink = &a->sink;
     pr.probs_sq = pr.Sq;
     pr.probs_sk = pr.Sk;
     return fc_ref_run_fwd(&pr, out, lse, probs, NULL);
@@ -596,6 +620,7 @@ flashc_status fc_ref_varlen_fwd(const flashc_varlen_fwd_args *a, const flashc_pa
     fc_ref_prob pr;
     fc_ref_prob_varlen(&pr, p, mode, &a->q, &a->k, &a->v, &a->alibi_slopes, &a->cu_seqlens_q,
                        &a->cu_seqlens_k);
+    pr.c.sink = &a->sink;
     pr.seqused_k = (const int32_t *)a->seqused_k.data;
     pr.probs_sq = a->max_seqlen_q;
     pr.probs_sk = a->max_seqlen_k;
@@ -609,21 +634,43 @@ flashc_status fc_ref_varlen_fwd(const flashc_varlen_fwd_args *a, const flashc_pa
     return fc_ref_run_fwd(&pr, out, lse, probs, NULL);
 }
 
+/* The backward of a batched (b) or varlen (v) call: dq, dk, dv, dsink, each
+ * NULL to skip. */
+static flashc_status fc_ref_bwd_of(const flashc_bwd_args *b, const flashc_varlen_bwd_args *v,
+                                   const flashc_params *p, fc_ref_mode mode, double *dq,
+                                   double *dk, double *dv, double *dsink) {
+    fc_ref_prob pr;
+    if (b) {
+        fc_ref_prob_batched(&pr, p, mode, &b->q, &b->k, &b->v, &b->alibi_slopes);
+        pr.c.sink = &b->sink;
+        pr.rows_k = pr.B * pr.Sk;
+        return fc_ref_run_bwd(&pr, &b->dout, dq, dk, dv, dsink);
+    }
+    fc_ref_prob_varlen(&pr, p, mode, &v->q, &v->k, &v->v, &v->alibi_slopes, &v->cu_seqlens_q,
+                       &v->cu_seqlens_k);
+    pr.c.sink = &v->sink;
+    pr.rows_k = v->k.shape[0];
+    return fc_ref_run_bwd(&pr, &v->dout, dq, dk, dv, dsink);
+}
+
 flashc_status fc_ref_bwd(const flashc_bwd_args *a, const flashc_params *p, fc_ref_mode mode,
                          double *dq, double *dk, double *dv) {
-    fc_ref_prob pr;
-    fc_ref_prob_batched(&pr, p, mode, &a->q, &a->k, &a->v, &a->alibi_slopes);
-    pr.rows_k = pr.B * pr.Sk;
-    return fc_ref_run_bwd(&pr, &a->dout, dq, dk, dv);
+    return fc_ref_bwd_of(a, NULL, p, mode, dq, dk, dv, NULL);
 }
 
 flashc_status fc_ref_varlen_bwd(const flashc_varlen_bwd_args *a, const flashc_params *p,
                                 fc_ref_mode mode, double *dq, double *dk, double *dv) {
-    fc_ref_prob pr;
-    fc_ref_prob_varlen(&pr, p, mode, &a->q, &a->k, &a->v, &a->alibi_slopes, &a->cu_seqlens_q,
-                       &a->cu_seqlens_k);
-    pr.rows_k = a->k.shape[0];
-    return fc_ref_run_bwd(&pr, &a->dout, dq, dk, dv);
+    return fc_ref_bwd_of(NULL, a, p, mode, dq, dk, dv, NULL);
+}
+
+flashc_status fc_ref_bwd_dsink(const flashc_bwd_args *a, const flashc_params *p, fc_ref_mode mode,
+                               double *dsink) {
+    return fc_ref_bwd_of(a, NULL, p, mode, NULL, NULL, NULL, dsink);
+}
+
+flashc_status fc_ref_varlen_bwd_dsink(const flashc_varlen_bwd_args *a, const flashc_params *p,
+                                      fc_ref_mode mode, double *dsink) {
+    return fc_ref_bwd_of(NULL, a, p, mode, NULL, NULL, NULL, dsink);
 }
 
 flashc_status fc_ref_kvcache(const flashc_kvcache_args *a, const flashc_params *p,
@@ -632,6 +679,7 @@ flashc_status fc_ref_kvcache(const flashc_kvcache_args *a, const flashc_params *
     memset(&pr, 0, sizeof pr);
     fc_ref_ctx_init(&pr.c, p, mode, a->q.dtype, a->q.shape[2], a->k_cache.shape[2],
                     a->q.shape[3], &a->alibi_slopes, false);
+    pr.c.sink = &a->sink;
     pr.B = a->q.shape[0];
     pr.Sq = a->q.shape[1];
     pr.rows_q = pr.B * pr.Sq;
@@ -655,3 +703,4 @@ flashc_status fc_ref_kvcache(const flashc_kvcache_args *a, const flashc_params *
                         (pr.c.wr >= 0 && pr.c.wr < pr.cache_rows);
     return fc_ref_run_fwd(&pr, out, lse, NULL, k_new_rot);
 }
+

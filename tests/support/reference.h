@@ -17,6 +17,8 @@
  *                fp32, the scores, the probabilities and the output each rounded
  *                to the input dtype, softmax in fp32 (for fp32 inputs: all fp32).
  *
+ * Learnable sinks (args.sink) join every softmax denominator as flashc.h says.
+ *
  * Outputs are dense double arrays in the canonical layouts below; any output
  * pointer may be NULL to skip it.
  */
@@ -49,6 +51,13 @@ flashc_status fc_ref_bwd(const flashc_bwd_args *a, const flashc_params *p, fc_re
 /* dq [total_q, H, D], dk and dv [total_k, Hk, D] */
 flashc_status fc_ref_varlen_bwd(const flashc_varlen_bwd_args *a, const flashc_params *p,
                                 fc_ref_mode mode, double *dq, double *dk, double *dv);
+
+/* dsink [H] of the backward with a learnable sink (a->sink; all 0 without):
+ * -sum over the rows i of head h of e^{s_h - lse_i} (dO_i . O_i). */
+flashc_status fc_ref_bwd_dsink(const flashc_bwd_args *a, const flashc_params *p, fc_ref_mode mode,
+                               double *dsink);
+flashc_status fc_ref_varlen_bwd_dsink(const flashc_varlen_bwd_args *a, const flashc_params *p,
+                                      fc_ref_mode mode, double *dsink);
 
 /* The decode entry point, computed from the caches as they are BEFORE the call
  * (call the reference first: flashc_fwd_kvcache appends in place).
