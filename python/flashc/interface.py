@@ -28,6 +28,10 @@ Where flashc differs from flash_attn on purpose:
   CPU copies with the same seed (every backend draws the same mask).
 - a backward through flash_attn_varlen_func with block_table raises FlashcError
   (the C varlen backward has no paged layout; flash_attn has no such backward either).
+- learnable_sink= (keyword only, after flash_attn 2's parameters, on every function):
+  learnable attention sinks as gpt-oss uses them, fp32 (nheads,), differentiable; the
+  ops take it as their last argument (and the backward ops a dsink output after it).
+  CPU tensors only for now: the CUDA backend raises FLASHC_ERR_UNSUPPORTED.
 
 As flash_attn and PyTorch do: window_size takes any pair of ints (negative or past
 every sequence: unbounded; _window), softmax_scale=0.0 is a scale of 0 (every score 0,
@@ -168,15 +172,22 @@ def _no_work(q, k, v, batched):
             q.shape[-2] % hk == 0 and (not batched or q.shape[0] == k.shape[0]))
 
 
-def _no_keys(out, lse, probs):
-    """flash_attn's answer when no key exists: out = 0, softmax_lse = +inf."""
-    return out.zero_(), lse.fill_(math.inf), probs.zero_()
+def _no_keys(out, lse, probs, sink=None, sink_view=None):
+    """flash_attn's answer when no key exists: out = 0, softmax_lse = +inf; with a
+    learnable sink lse is the sink's logit (the library's rule for a row without keys),
+    sink viewed as sink_view to broadcast over lse."""
+    if sink is not None and lse.numel():
+        lse.copy_(sink.view(sink_view).expand_as(lse))
+    else:
+        lse.fill_(math.inf)
+    return out.zero_(), lse, probs.zero_()
 
 
-def _no_grads(dq, dk, dv):
+def _no_grads(dq, dk, dv, dsink=None):
     """The backward of a problem with nothing to compute: zero gradients."""
-    for g in (dq, dk, dv):
-        g.zero_()
+    for g in (dq, dk, dv, dsink):
+        if g is not None:
+            g.zero_()
 
 
 # ---- the C entry points as ops ----
@@ -186,14 +197,15 @@ def _no_grads(dq, dk, dv):
 @_op("fwd")
 def _fwd(q: Tensor, k: Tensor, v: Tensor, alibi_slopes: Optional[Tensor], dropout_p: float,
          softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
-         softcap: float, return_probs: bool, seed: int, offset: int, deterministic: bool = False
-         ) -> Tuple[Tensor, Tensor, Tensor]:
+         softcap: float, return_probs: bool, seed: int, offset: int, deterministic: bool = False,
+         learnable_sink: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     out, lse, probs = _fwd_fake(q, k, v, alibi_slopes, dropout_p, softmax_scale, causal,
                                 window_left, window_right, softcap, return_probs, seed, offset)
     if _no_work(q, k, v, True):
-        return _no_keys(out, lse, probs)
+        return _no_keys(out, lse, probs, learnable_sink, (1, -1, 1))
     args = _fill(_lib.FwdArgs, q=q, k=k, v=v, out=out, softmax_lse=lse,
-                 alibi_slopes=alibi_slopes, attn_probs=probs if return_probs else None)
+                 alibi_slopes=alibi_slopes, attn_probs=probs if return_probs else None,
+                 sink=learnable_sink)
     _run("flashc_fwd", args, q.device, dropout_seed=seed, dropout_offset=offset,
          **_mask_params(dropout_p, softmax_scale, causal, window_left, window_right, softcap))
     return out, lse, probs
@@ -201,7 +213,8 @@ def _fwd(q: Tensor, k: Tensor, v: Tensor, alibi_slopes: Optional[Tensor], dropou
 
 @_fake(_fwd)
 def _fwd_fake(q, k, v, alibi_slopes, dropout_p, softmax_scale, causal, window_left,
-              window_right, softcap, return_probs, seed, offset, deterministic=False):
+              window_right, softcap, return_probs, seed, offset, deterministic=False,
+              learnable_sink=None):
     b, sq, h, _ = q.shape
     probs = (b, h, sq, k.shape[1]) if return_probs else (0,)
     return _empty(q.shape, q), _empty((b, h, sq), q, torch.float32), \
@@ -217,18 +230,19 @@ def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlen
                 seqused_k: Optional[Tensor], alibi_slopes: Optional[Tensor], dropout_p: float,
                 softmax_scale: Optional[float], causal: bool, window_left: int,
                 window_right: int, softcap: float, return_probs: bool, seed: int, offset: int,
-                deterministic: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
+                deterministic: bool = False, learnable_sink: Optional[Tensor] = None
+                ) -> Tuple[Tensor, Tensor, Tensor]:
     out, lse, probs = _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                        max_seqlen_k, block_table, seqused_k, alibi_slopes,
                                        dropout_p, softmax_scale, causal, window_left,
                                        window_right, softcap, return_probs, seed, offset)
     if _no_work(q, k, v, False):
-        return _no_keys(out, lse, probs)
+        return _no_keys(out, lse, probs, learnable_sink, (-1, 1))
     args = _fill(_lib.VarlenFwdArgs, q=q, k=k, v=v, out=out, cu_seqlens_q=cu_seqlens_q,
                  cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                  max_seqlen_k=max_seqlen_k, seqused_k=seqused_k, block_table=block_table,
                  softmax_lse=lse, alibi_slopes=alibi_slopes,
-                 attn_probs=probs if return_probs else None)
+                 attn_probs=probs if return_probs else None, sink=learnable_sink)
     _run("flashc_varlen_fwd", args, q.device, dropout_seed=seed, dropout_offset=offset,
          **_mask_params(dropout_p, softmax_scale, causal, window_left, window_right, softcap))
     return out, lse, probs
@@ -238,42 +252,47 @@ def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlen
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                      block_table, seqused_k, alibi_slopes, dropout_p, softmax_scale, causal,
                      window_left, window_right, softcap, return_probs, seed, offset,
-                     deterministic=False):
+                     deterministic=False, learnable_sink=None):
     total, h, _ = q.shape
     probs = (cu_seqlens_q.shape[0] - 1, h, max_seqlen_q, max_seqlen_k) if return_probs else (0,)
     return _empty(q.shape, q), _empty((h, total), q, torch.float32), \
         _empty(probs, q, torch.float32)
 
 
-# shapes as _fwd; dq, dk, dv (like q, k, v) are written in place
-@_op("bwd", mutates_args=("dq", "dk", "dv"))
+# shapes as _fwd; dq, dk, dv (like q, k, v) are written in place, and dsink (fp32 [H],
+# only with learnable_sink) when given
+@_op("bwd", mutates_args=("dq", "dk", "dv", "dsink"))
 def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,
          dq: Tensor, dk: Tensor, dv: Tensor, alibi_slopes: Optional[Tensor], dropout_p: float,
          softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
-         softcap: float, deterministic: bool, seed: int, offset: int) -> None:
+         softcap: float, deterministic: bool, seed: int, offset: int,
+         learnable_sink: Optional[Tensor] = None, dsink: Optional[Tensor] = None) -> None:
     if _no_work(q, k, v, True):
-        return _no_grads(dq, dk, dv)
+        return _no_grads(dq, dk, dv, dsink)
     args = _fill(_lib.BwdArgs, dout=dout, q=q, k=k, v=v, out=out, softmax_lse=softmax_lse,
-                 dq=dq, dk=dk, dv=dv, alibi_slopes=alibi_slopes)
+                 dq=dq, dk=dk, dv=dv, alibi_slopes=alibi_slopes, sink=learnable_sink,
+                 dsink=dsink)
     _run("flashc_bwd", args, q.device, dropout_seed=seed, dropout_offset=offset,
          deterministic=int(deterministic),
          **_mask_params(dropout_p, softmax_scale, causal, window_left, window_right, softcap))
 
 
-# shapes as _varlen_fwd (contiguous k, v only); dq, dk, dv written in place
-@_op("varlen_bwd", mutates_args=("dq", "dk", "dv"))
+# shapes as _varlen_fwd (contiguous k, v only); dq, dk, dv (and dsink) written in place
+@_op("varlen_bwd", mutates_args=("dq", "dk", "dv", "dsink"))
 def _varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                 softmax_lse: Tensor, dq: Tensor, dk: Tensor, dv: Tensor,
                 cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
                 max_seqlen_k: int, alibi_slopes: Optional[Tensor], dropout_p: float,
                 softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
-                softcap: float, deterministic: bool, seed: int, offset: int) -> None:
+                softcap: float, deterministic: bool, seed: int, offset: int,
+                learnable_sink: Optional[Tensor] = None, dsink: Optional[Tensor] = None) -> None:
     if _no_work(q, k, v, False):
-        return _no_grads(dq, dk, dv)
+        return _no_grads(dq, dk, dv, dsink)
     args = _fill(_lib.VarlenBwdArgs, dout=dout, q=q, k=k, v=v, out=out,
                  softmax_lse=softmax_lse, dq=dq, dk=dk, dv=dv, cu_seqlens_q=cu_seqlens_q,
                  cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                 max_seqlen_k=max_seqlen_k, alibi_slopes=alibi_slopes)
+                 max_seqlen_k=max_seqlen_k, alibi_slopes=alibi_slopes, sink=learnable_sink,
+                 dsink=dsink)
     _run("flashc_varlen_bwd", args, q.device, dropout_seed=seed, dropout_offset=offset,
          deterministic=int(deterministic),
          **_mask_params(dropout_p, softmax_scale, causal, window_left, window_right, softcap))
@@ -288,8 +307,8 @@ def _fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor
                  cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor],
                  block_table: Optional[Tensor], alibi_slopes: Optional[Tensor],
                  softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
-                 softcap: float, rotary_interleaved: bool, num_splits: int
-                 ) -> Tuple[Tensor, Tensor]:
+                 softcap: float, rotary_interleaved: bool, num_splits: int,
+                 learnable_sink: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     out, lse = _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                  cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                  alibi_slopes, softmax_scale, causal, window_left,
@@ -300,7 +319,7 @@ def _fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor
                  rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_seqlens=cache_seqlens,
                  cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
                  block_table=block_table, alibi_slopes=alibi_slopes, out=out,
-                 softmax_lse=lse)
+                 softmax_lse=lse, sink=learnable_sink)
     _run("flashc_fwd_kvcache", args, q.device, rename={"k_new": "k", "v_new": "v"},
          rotary_halves=int(not rotary_interleaved), num_splits=num_splits,
          **_mask_params(0.0, softmax_scale, causal, window_left, window_right, softcap))
@@ -311,7 +330,7 @@ def _fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor
 def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                       cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
                       softmax_scale, causal, window_left, window_right, softcap,
-                      rotary_interleaved, num_splits):
+                      rotary_interleaved, num_splits, learnable_sink=None):
     b, sq, h, _ = q.shape
     return _empty(q.shape, q), _empty((b, h, sq), q, torch.float32)
 
@@ -382,10 +401,10 @@ def _save(ctx, inputs, output, varlen):
     outputs (the op's whole argument list); varlen: the op was flashc::varlen_fwd."""
     q, k, v = inputs[:3]
     (alibi_slopes, dropout_p, softmax_scale, causal, window_left, window_right, softcap, _,
-     seed, offset, deterministic) = inputs[-11:]
+     seed, offset, deterministic, learnable_sink) = inputs[-12:]
     cu_q, cu_k = inputs[3:5] if varlen else (None, None)
     out, lse, probs = output
-    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_q, cu_k)
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_q, cu_k, learnable_sink)
     # varlen: max_seqlen_q, max_seqlen_k, and whether block_table or seqused_k was given
     ctx.varlen = (inputs[5], inputs[6], inputs[7] is not None or inputs[8] is not None) \
         if varlen else None
@@ -396,25 +415,29 @@ def _save(ctx, inputs, output, varlen):
 
 
 def _backward_into(ctx, dout, dq, dk, dv):
-    """The backward of the forward call _save saved, written into dq, dk, dv."""
-    q, k, v, out, lse, alibi_slopes, cu_q, cu_k = ctx.saved_tensors
+    """The backward of the forward call _save saved, written into dq, dk, dv; returns
+    the gradient of the learnable sink (fp32 [H]), or None without one."""
+    q, k, v, out, lse, alibi_slopes, cu_q, cu_k, sink = ctx.saved_tensors
     dout = _maybe_contiguous(dout)
+    dsink = None if sink is None else _empty(sink.shape, sink, torch.float32)
     if ctx.varlen is None:
-        _bwd(dout, q, k, v, out, lse, dq, dk, dv, alibi_slopes, *ctx.rest)
-        return
+        _bwd(dout, q, k, v, out, lse, dq, dk, dv, alibi_slopes, *ctx.rest, sink, dsink)
+        return dsink
     max_q, max_k, paged = ctx.varlen
     if paged:
         raise _lib.FlashcError(_lib.ERR_UNSUPPORTED, "flash_attn_varlen_func: no backward "
                                "through a paged KV cache (block_table) or seqused_k")
     _varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, alibi_slopes,
-                *ctx.rest)
+                *ctx.rest, sink, dsink)
+    return dsink
 
 
 def _op_backward(ctx, dout, _dlse, _dprobs):
-    """The registered backward of flashc::fwd and ::varlen_fwd: the gradients of q, k, v."""
+    """The registered backward of flashc::fwd and ::varlen_fwd: the gradients of q, k, v
+    and of learnable_sink, the ops' last argument."""
     dq, dk, dv = (torch.empty_like(t) for t in ctx.saved_tensors[:3])
-    _backward_into(ctx, dout, dq, dk, dv)
-    return (dq, dk, dv) + (None,) * (ctx.n_inputs - 3)
+    dsink = _backward_into(ctx, dout, dq, dk, dv)
+    return (dq, dk, dv) + (None,) * (ctx.n_inputs - 4) + (dsink,)
 
 
 if _CUSTOM_OP:
@@ -425,16 +448,16 @@ if _CUSTOM_OP:
 
 
 def _forward_call(q, k, v, varlen, rng, dropout_p, softmax_scale, causal, window_size,
-                  softcap, alibi_slopes, deterministic, return_probs):
+                  softcap, alibi_slopes, deterministic, return_probs, learnable_sink):
     """(op, its arguments) of one forward: flashc::fwd (varlen None) or ::varlen_fwd (varlen
     = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table)); rng: the
     dropout's (seed, offset)."""
     mask = (dropout_p, softmax_scale, causal, window_size[0], window_size[1], softcap)
     return_probs = _probs_written(q.device, dropout_p, return_probs)
+    tail = (return_probs,) + rng + (deterministic, learnable_sink)
     if varlen is None:
-        return _fwd, (q, k, v, alibi_slopes) + mask + (return_probs,) + rng + (deterministic,)
-    return _varlen_fwd, (q, k, v) + tuple(varlen) + (None, alibi_slopes) + mask + \
-        (return_probs,) + rng + (deterministic,)
+        return _fwd, (q, k, v, alibi_slopes) + mask + tail
+    return _varlen_fwd, (q, k, v) + tuple(varlen) + (None, alibi_slopes) + mask + tail
 
 
 class _FlashAttnFunc(torch.autograd.Function):
@@ -455,8 +478,8 @@ class _FlashAttnFunc(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse, _dprobs):
         grads, (dq, dk, dv) = _grad_buffers(ctx.packing, *ctx.saved_tensors[:3], ctx.axis)
-        _backward_into(ctx, dout, dq, dk, dv)
-        return (None,) + grads + (None,) * 10
+        dsink = _backward_into(ctx, dout, dq, dk, dv)
+        return (None,) + grads + (None,) * 10 + (dsink,)
 
 
 def _exporting():
@@ -465,10 +488,14 @@ def _exporting():
     return bool(is_exporting and is_exporting())
 
 
-def _attention(packing, a, b, c, varlen, dropout_p, *rest):
+def _attention(packing, a, b, c, varlen, dropout_p, softmax_scale, causal, window_size, softcap,
+               alibi_slopes, deterministic, return_probs, learnable_sink=None):
     """out, softmax_lse, probs of q, k, v ("" packing) or of a packed qkv or kv (_split);
-    the other arguments as _forward_call's. Differentiable. The dropout's (seed, offset)
-    is drawn here, outside _FlashAttnFunc, where torch.compile can trace it."""
+    the other arguments as _forward_call's. Differentiable (learnable_sink too). The
+    dropout's (seed, offset) is drawn here, outside _FlashAttnFunc, where torch.compile
+    can trace it."""
+    rest = (softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+            return_probs, learnable_sink)
     max_k = (a if packing == "qkv" else b).shape[1] if varlen is None else varlen[3]
     rng = _draw_rng(a.device, max_k) if dropout_p > 0 else (0, 0)
     if not _CUSTOM_OP or (packing and not _exporting()):
@@ -492,7 +519,7 @@ def _row_sequences(cu_seqlens, total, device):
 
 
 def _attn(fn, packing, a, b, c, varlen, dropout_p, softmax_scale, causal, window_size, softcap,
-          alibi_slopes, deterministic, return_attn_probs):
+          alibi_slopes, deterministic, return_attn_probs, learnable_sink):
     if packing == "qkv":
         _rank(fn, "qkv", a, {5: "(batch, seqlen, 3, nheads, headdim)"} if varlen is None else
               {4: "(total, 3, nheads, headdim)"})
@@ -509,7 +536,7 @@ def _attn(fn, packing, a, b, c, varlen, dropout_p, softmax_scale, causal, window
             _rank(fn, "v", c, shapes)
     out, lse, probs = _attention(packing, a, b, c, varlen, dropout_p, _scale(softmax_scale),
                                  causal, _window(window_size), softcap, alibi_slopes,
-                                 deterministic, return_attn_probs)
+                                 deterministic, return_attn_probs, learnable_sink)
     return (out, lse, probs) if return_attn_probs else out
 
 
@@ -524,6 +551,13 @@ _COMMON_DOC = """
     softcap: > 0 replaces each score s by softcap * tanh(s / softcap).
     alibi_slopes: fp32 (nheads,) or (batch, nheads); adds -slope * |i + seqlen_k - seqlen_q - j|.
     deterministic: bitwise-reproducible backward.
+    learnable_sink: keyword only (a flashc extension: flash_attn 2's positional
+        parameters stay as they are); fp32 (nheads,), learnable attention sinks (gpt-oss): head h gets one
+        more logit s_h in the softmax's denominator that takes no value, so out_i =
+        sum_j e^{x_ij} v_j / (e^{s_h} + sum_j e^{x_ij}) and softmax_lse includes it; a row
+        without keys gets out 0 and lse s_h. Dropout drops the keys' probabilities only.
+        Differentiable (its gradient is -sum_i e^{s_h - lse_i} dout_i . out_i). CPU only
+        for now (CUDA tensors raise FlashcError, FLASHC_ERR_UNSUPPORTED).
     return_attn_probs: also return softmax_lse (fp32) and the probabilities (fp32,
         negative where dropped; written on CPU tensors, empty on CUDA). For tests.
     Returns out, or (out, softmax_lse, probs) with return_attn_probs."""
@@ -531,51 +565,52 @@ _COMMON_DOC = """
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                    return_attn_probs=False):
+                    return_attn_probs=False, *, learnable_sink=None):
     return _attn("flash_attn_func", "", q, k, v, None, dropout_p, softmax_scale, causal, window_size, softcap,
-                 alibi_slopes, deterministic, return_attn_probs)
+                 alibi_slopes, deterministic, return_attn_probs, learnable_sink)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                              deterministic=False, return_attn_probs=False):
+                              deterministic=False, return_attn_probs=False, *, learnable_sink=None):
     return _attn("flash_attn_qkvpacked_func", "qkv", qkv, None, None, None, dropout_p, softmax_scale, causal, window_size,
-                 softcap, alibi_slopes, deterministic, return_attn_probs)
+                 softcap, alibi_slopes, deterministic, return_attn_probs, learnable_sink)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                             deterministic=False, return_attn_probs=False):
+                             deterministic=False, return_attn_probs=False, *, learnable_sink=None):
     return _attn("flash_attn_kvpacked_func", "kv", q, kv, None, None, dropout_p, softmax_scale, causal, window_size,
-                 softcap, alibi_slopes, deterministic, return_attn_probs)
+                 softcap, alibi_slopes, deterministic, return_attn_probs, learnable_sink)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None):
+                           deterministic=False, return_attn_probs=False, block_table=None, *,
+                           learnable_sink=None):
     varlen = (cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), block_table)
     return _attn("flash_attn_varlen_func", "", q, k, v, varlen, dropout_p, softmax_scale, causal, window_size, softcap,
-                 alibi_slopes, deterministic, return_attn_probs)
+                 alibi_slopes, deterministic, return_attn_probs, learnable_sink)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      softmax_scale=None, causal=False, window_size=(-1, -1),
                                      softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False):
+                                     return_attn_probs=False, *, learnable_sink=None):
     varlen = (cu_seqlens, cu_seqlens, int(max_seqlen), int(max_seqlen), None)
     return _attn("flash_attn_varlen_qkvpacked_func", "qkv", qkv, None, None, varlen, dropout_p, softmax_scale, causal, window_size,
-                 softcap, alibi_slopes, deterministic, return_attn_probs)
+                 softcap, alibi_slopes, deterministic, return_attn_probs, learnable_sink)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, dropout_p=0.0, softmax_scale=None,
                                     causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=False,
-                                    return_attn_probs=False):
+                                    return_attn_probs=False, *, learnable_sink=None):
     varlen = (cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), None)
     return _attn("flash_attn_varlen_kvpacked_func", "kv", q, kv, None, varlen, dropout_p, softmax_scale, causal, window_size,
-                 softcap, alibi_slopes, deterministic, return_attn_probs)
+                 softcap, alibi_slopes, deterministic, return_attn_probs, learnable_sink)
 
 
 flash_attn_func.__doc__ = """Attention of q (batch, seqlen_q, nheads, headdim) over k, v
@@ -599,7 +634,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False):
+                            return_softmax_lse=False, *, learnable_sink=None):
     """Attention of q (batch, seqlen, nheads, headdim) over a KV cache, k_cache, v_cache
     (batch_cache, seqlen_cache, nheads_k, headdim), or with block_table (batch,
     max_blocks) int32 paged (num_blocks, page_size, nheads_k, headdim). k, v (batch,
@@ -608,8 +643,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     given (q too: at cache_seqlens[b] + i when causal or windowed, else at
     cache_seqlens[b]). cache_seqlens: int or int32 (batch,), rows in use;
     cache_batch_idx: int32 (batch,), cache row of each batch entry; cache_leftpad: int32
-    (batch,), first key row of each. No backward. Returns out, or (out, softmax_lse)
-    with return_softmax_lse."""
+    (batch,), first key row of each. learnable_sink: fp32 (nheads,), as flash_attn_func's.
+    No backward. Returns out, or (out, softmax_lse) with return_softmax_lse."""
     fn = "flash_attn_with_kvcache"
     _rank(fn, "q", q, {4: _BSHD})
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -630,5 +665,5 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     out, lse = _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                             cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
                             softmax_scale, causal, window_left, window_right, softcap,
-                            rotary_interleaved, num_splits)
+                            rotary_interleaved, num_splits, learnable_sink)
     return (out, lse) if return_softmax_lse else out

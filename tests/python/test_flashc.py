@@ -32,10 +32,12 @@ UNSUPPORTED = 2  # FLASHC_ERR_UNSUPPORTED
 
 # ---- the reference ----
 def ref_attention(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1),
-                  softcap=0.0, alibi_slopes=None, keep=None, dropout_p=0.0, lowp=False):
+                  softcap=0.0, alibi_slopes=None, keep=None, dropout_p=0.0, lowp=False,
+                  sink=None):
     """Naive attention. q [B, Sq, H, D], k, v [B, Sk, Hk, D] -> out [B, Sq, H, D] (float64,
     or with lowp fp32 math rounded to q's dtype at the scores, probabilities and
-    output), lse [B, H, Sq]. keep: bool [B, H, Sq, Sk] dropout mask."""
+    output), lse [B, H, Sq]. keep: bool [B, H, Sq, Sk] dropout mask. sink: [H] learnable
+    sink logits, one more term of each row's denominator that takes no value."""
     dt = q.dtype
     wt = torch.float32 if lowp else torch.float64
 
@@ -61,7 +63,11 @@ def ref_attention(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1
     if right >= 0:
         visible &= j <= i + right
     s = s.masked_fill(~visible, -math.inf)
-    lse = torch.logsumexp(s, dim=-1)
+    if sink is not None:
+        s_all = torch.cat([s, sink.to(wt).view(1, h, 1, 1).expand(b, h, sq, 1)], dim=-1)
+        lse = torch.logsumexp(s_all, dim=-1)
+    else:
+        lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - torch.where(torch.isinf(lse), 0, lse).unsqueeze(-1))
     p = rnd(p)
     if keep is not None:
@@ -240,10 +246,11 @@ def test_defaults_and_signatures():
     sig = inspect.signature(flashc.flash_attn_func)
     assert list(sig.parameters) == ["q", "k", "v", "dropout_p", "softmax_scale", "causal",
                                     "window_size", "softcap", "alibi_slopes", "deterministic",
-                                    "return_attn_probs"]
+                                    "return_attn_probs", "learnable_sink"]
+    assert sig.parameters["learnable_sink"].kind == inspect.Parameter.KEYWORD_ONLY
     assert sig.parameters["window_size"].default == (-1, -1)
     vsig = inspect.signature(flashc.flash_attn_varlen_func)
-    assert list(vsig.parameters)[-1] == "block_table"
+    assert list(vsig.parameters)[-2:] == ["block_table", "learnable_sink"]
     ksig = inspect.signature(flashc.flash_attn_with_kvcache)
     assert list(ksig.parameters)[3:11] == ["k", "v", "rotary_cos", "rotary_sin", "cache_seqlens",
                                            "cache_batch_idx", "cache_leftpad", "block_table"]
