@@ -35,13 +35,13 @@ static void fc_log_call(const fc_call *call, size_t ws_bytes, bool borrowed) {
                         : call->op == FC_OP_BWD   ? (varlen ? "flashc_varlen_bwd" : "flashc_bwd")
                                                   : (varlen ? "flashc_varlen_fwd" : "flashc_fwd");
     fc_log("%s: backend=%s dtype=%s B=%lld H=%lld Hk=%lld Sq=%lld Sk=%lld D=%lld causal=%d "
-           "window=(%d,%d) softcap=%g dropout=%g alibi=%d page_size=%lld new=%lld rotary_dim=%lld "
-           "workspace=%zu (%s)",
+           "window=(%d,%d) softcap=%g dropout=%g alibi=%d sink=%d page_size=%lld new=%lld "
+           "rotary_dim=%lld workspace=%zu (%s)",
            entry, flashc_backend_name(call->impl->id), flashc_dtype_name(a->dtype),
            (long long)a->batch, (long long)a->heads, (long long)a->kv_heads,
            (long long)a->max_seqlen_q, (long long)a->max_seqlen_k, (long long)a->head_dim,
            (int)a->causal, (int)a->window_left, (int)a->window_right, (double)a->softcap,
-           (double)a->dropout_p, a->alibi != NULL, (long long)a->page_size,
+           (double)a->dropout_p, a->alibi != NULL, a->sink != NULL, (long long)a->page_size,
            (long long)call->kc.seqlen_new, (long long)call->kc.rotary_dim, ws_bytes,
            borrowed ? "allocator" : "caller");
 }

@@ -43,6 +43,7 @@ static const fc_backend_impl fc_cuda_impl = {
     .id = FLASHC_BACKEND_CUDA,
     .device = FLASHC_DEVICE_CUDA,
     .usable = fc_cuda_usable,
+    .sinks = false, /* learnable sinks: prepare.c refuses them (issue 20: no kernels yet) */
     .fwd = {fc_cuda_fwd_supported, fc_cuda_fwd_workspace, fc_cuda_fwd},
     .bwd = {fc_cuda_bwd_supported, fc_cuda_bwd_workspace, fc_cuda_bwd},
     .kvcache = {fc_cuda_kvcache_supported, fc_cuda_kvcache_workspace, fc_cuda_kvcache},
