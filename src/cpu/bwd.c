@@ -299,11 +299,12 @@ static void fc_bwd_delta_task(void *ctx, int64_t task, int thread) {
         for (int e = 0; e < d; e++) acc += s.dout[e] * s.q[e];
         delta[i] = acc;
     }
-    /* dsink. With P_ij = e^{x_ij - lse_i}, lse_i = log(e^s + sum_j e^{x_ij}) and
-     * dP_ij = dO_i . (Z_ij v_j) (Z: dropout's 0 or 1/(1-p)), O_i = sum_j P_ij Z_ij v_j:
-     *   dL/ds = sum_ij dP_ij dP_ij/ds = sum_ij dP_ij (-P_ij e^{s - lse_i})
-     *         = -sum_i P_sink,i dO_i . sum_j P_ij Z_ij v_j = -sum_i P_sink,i Delta_i,
-     * P_sink,i = e^{s - lse_i}. A row that saw no key has O_i = 0, so Delta_i = 0;
+    /* dsink. O_i = sum_j P_ij Z_ij v_j (Z: dropout's 0 or 1/(1-p)) with
+     * P_ij = e^{x_ij - lse_i}, lse_i = log(e^s + sum_j e^{x_ij}), so
+     * d lse_i / ds = e^{s - lse_i} = P_sink,i and d P_ij / ds = -P_ij P_sink,i:
+     *   dL/ds = sum_ij (dL/dP_ij) (d P_ij / ds),  dL/dP_ij = dO_i . Z_ij v_j,
+     *         = -sum_i P_sink,i dO_i . (sum_j P_ij Z_ij v_j) = -sum_i P_sink,i Delta_i.
+     * A row that saw no key has O_i = 0, so Delta_i = 0;
      * an lse of -inf (a sink of -inf and no key) adds nothing. Summed in double
      * per (b, h) here, over b in order at the end: deterministic. */
     if (c->dsink_part) {
@@ -401,8 +402,8 @@ static void fc_bwd_probs(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const fc_
  * gets dS = 0 when that key's P is at least FC_ONE_KEY_P, or when the key is
  * in another tile (P = 0 here): common/window.h's one-key rule. With a
  * learnable sink the row's P is below 1 and the formula applies (the rule is
- * off): dS = P (dP - Delta) with Delta = P dP + 0 for the sink, which takes no
- * value. */
+ * off): the sink takes no value, so for one key (no dropout) Delta = P dP and
+ * dS = P (1 - P) dP != 0. */
 static void fc_bwd_dscores(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const fc_bwd_tile *t) {
     int ld = c->pl.bc;
     bool dropout = c->a->dropout_p > 0.0f, cap = c->a->softcap > 0.0f;
