@@ -108,6 +108,18 @@ static void sk_grads_check(const sk_grads *g, flashc_dtype dt) {
     }
 }
 
+/* Forward args of contiguous q [qs] uniform in [-qr, qr) and k, v [ks] in [-1, 1). */
+static flashc_fwd_args sk_fwd_new(th_arena *ar, flashc_dtype dt, const int64_t *qs,
+                                  const int64_t *ks, double qr) {
+    flashc_fwd_args f;
+    memset(&f, 0, sizeof f);
+    f.abi = FLASHC_ABI_VERSION;
+    f.q = th_new(th_buf_in(ar), dt, 4, qs, TH_CONTIG, -qr, qr);
+    f.k = th_new(th_buf_in(ar), dt, 4, ks, TH_CONTIG, -1.0, 1.0);
+    f.v = th_new(th_buf_in(ar), dt, 4, ks, TH_CONTIG, -1.0, 1.0);
+    return f;
+}
+
 /* The backward args of forward f (q, k, v, ALiBi, sink), dout uniform [-1, 1),
  * out and lse the forward's o64 [qs] and l64 [ls] stored in their dtypes. */
 static flashc_bwd_args sk_bwd_of(const flashc_fwd_args *f, th_arena *ar, const int64_t *qs,
@@ -447,12 +459,7 @@ FC_TEST(sink_dsink_finite_differences) {
     enum { B = 2, Sq = 9, Sk = 7, H = 4, Hk = 2, D = 8 };
     th_arena ar = {0};
     const int64_t qs[4] = {B, Sq, H, D}, ks[4] = {B, Sk, Hk, D}, ls[3] = {B, H, Sq};
-    flashc_fwd_args f;
-    memset(&f, 0, sizeof f);
-    f.abi = FLASHC_ABI_VERSION;
-    f.q = th_new(th_buf_in(&ar), FLASHC_DTYPE_FP32, 4, qs, TH_CONTIG, -2.0, 2.0);
-    f.k = th_new(th_buf_in(&ar), FLASHC_DTYPE_FP32, 4, ks, TH_CONTIG, -1.0, 1.0);
-    f.v = th_new(th_buf_in(&ar), FLASHC_DTYPE_FP32, 4, ks, TH_CONTIG, -1.0, 1.0);
+    flashc_fwd_args f = sk_fwd_new(&ar, FLASHC_DTYPE_FP32, qs, ks, 2.0);
     f.alibi_slopes = th_alibi_new(th_buf_in(&ar), 1, B, H);
     f.sink = th_new(th_buf_in(&ar), FLASHC_DTYPE_FP32, 1, (int64_t[]){H}, TH_CONTIG, -1.0, 2.0);
     float *sink = (float *)f.sink.data;
@@ -612,12 +619,7 @@ FC_TEST(sink_one_key_rows) {
     enum { B = 1, S = 24, H = 2, D = 16 };
     th_arena ar = {0};
     const int64_t qs[4] = {B, S, H, D}, ls[3] = {B, H, S};
-    flashc_fwd_args f;
-    memset(&f, 0, sizeof f);
-    f.abi = FLASHC_ABI_VERSION;
-    f.q = th_new(th_buf_in(&ar), FLASHC_DTYPE_FP32, 4, qs, TH_CONTIG, -0.01, 0.01);
-    f.k = th_new(th_buf_in(&ar), FLASHC_DTYPE_FP32, 4, qs, TH_CONTIG, -1.0, 1.0);
-    f.v = th_new(th_buf_in(&ar), FLASHC_DTYPE_FP32, 4, qs, TH_CONTIG, -1.0, 1.0);
+    flashc_fwd_args f = sk_fwd_new(&ar, FLASHC_DTYPE_FP32, qs, qs, 0.01);
     f.sink = th_new(th_buf_in(&ar), FLASHC_DTYPE_FP32, 1, (int64_t[]){H}, TH_CONTIG, -7.6, -7.5);
     th_opts o = TH_OPTS_NONE;
     o.wl = 0;
@@ -638,5 +640,44 @@ FC_TEST(sink_one_key_rows) {
     th_check("dq", FLASHC_DTYPE_FP32, &a.dq, r64[0], rlp[0]);
     th_check("dk", FLASHC_DTYPE_FP32, &a.dk, r64[1], rlp[1]);
     th_check("dv", FLASHC_DTYPE_FP32, &a.dv, r64[2], rlp[2]);
+    th_arena_free(&ar);
+}
+
+/* dq, dk, dv and dsink are bitwise the same for 1 and 5 threads (the fused and
+ * the two-pass schedules of bwd.c; dsink is summed per (b, h), then over b in
+ * order, whatever the schedule). */
+FC_TEST(sink_bwd_thread_counts) {
+    enum { B = 3, Sq = 70, Sk = 90, H = 4, Hk = 2, D = 32 };
+    th_arena ar = {0};
+    const int64_t qs[4] = {B, Sq, H, D}, ks[4] = {B, Sk, Hk, D}, ls[3] = {B, H, Sq};
+    flashc_fwd_args f = sk_fwd_new(&ar, FLASHC_DTYPE_BF16, qs, ks, 3.0);
+    f.sink = sk_sink_new(th_buf_in(&ar), H);
+    th_opts o = TH_OPTS_NONE;
+    o.causal = 1;
+    flashc_params p = th_params(&o);
+    double *o64 = th_dbl(&ar, B * Sq * H * D), *l64 = th_dbl(&ar, B * H * Sq);
+    FC_ASSERT_OK(fc_ref_fwd(&f, &p, FC_REF_F64, o64, l64, NULL));
+    flashc_bwd_args a = sk_bwd_of(&f, &ar, qs, ls, o64, l64);
+    sk_grads g;
+    sk_grads_new(&g, &ar, FLASHC_DTYPE_BF16, 4, qs, ks, H);
+    a.dq = g.t[0];
+    a.dk = g.t[1];
+    a.dv = g.t[2];
+    a.dsink = g.t[3];
+    int saved = flashc_get_num_threads();
+    double *first[4];
+    for (int run = 0; run < 2; run++) {
+        flashc_set_num_threads(run ? 5 : 1);
+        if (run)
+            for (int i = 0; i < 4; i++) {
+                first[i] = (double *)th_keep(&ar, th_to_double(&g.t[i]));
+                th_poison(g.b[i], &g.t[i]);
+            }
+        flashc_status s = flashc_bwd(&a, &p, NULL, 0);
+        if (s != FLASHC_OK) flashc_set_num_threads(saved);
+        FC_ASSERT_OK(s);
+    }
+    flashc_set_num_threads(saved);
+    for (int i = 0; i < 4; i++) sk_same_bits(sk_grad_names[i], &g.t[i], first[i], &ar);
     th_arena_free(&ar);
 }
