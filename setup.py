@@ -15,8 +15,8 @@ and building a configuration again is incremental. With $FLASHC_LIBRARY set, tha
 library is shipped instead and nothing is built.
 
 The wheel's name. The version is flashc.h's with a local label saying what the
-library holds: 0.3.0+cpu, 0.3.0+cu130 (nvcc's release, as torch names its builds),
-or 0.3.0+cuda for a $FLASHC_LIBRARY with CUDA (a library does not say its toolkit).
+library holds: 0.4.0+cpu, 0.4.0+cu130 (nvcc's release, as torch names its builds),
+or 0.4.0+cuda for a $FLASHC_LIBRARY with CUDA (a library does not say its toolkit).
 The library built is checked against it (flashc_version, flashc_cuda_compiled)
 before it goes in. The tags are py3-none-<platform>: the wheel holds a native
 library for this platform, but nothing in it links Python or torch (the package

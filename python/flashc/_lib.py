@@ -42,9 +42,9 @@ class Tensor(ctypes.Structure):
 # of any other version, and _load refuses a library of another one.
 ABI_VERSION = 4
 # The flashc release this package is (flashc.h's FLASHC_VERSION_*, which setup.py
-# gives the wheel with a build label: 0.3.0+cpu): _load refuses a library of another
+# gives the wheel with a build label: 0.4.0+cpu): _load refuses a library of another
 # release unless $FLASHC_ALLOW_VERSION_MISMATCH is 1.
-VERSION = "0.3.0"
+VERSION = "0.4.0"
 
 
 class Params(ctypes.Structure):
