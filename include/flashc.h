@@ -203,7 +203,8 @@ FLASHC_API flashc_tensor flashc_tensor_contiguous(void *data, flashc_dtype dtype
  * (non-deterministic) backward, interleaved rotary, the backend of the
  * tensors' device, the default stream. */
 typedef struct flashc_params {
-    float softmax_scale;       /* >= 0; 0 means 1/sqrt(head_dim) unless scale_given = 1 */
+    float softmax_scale;       /* >= 0; 0 means 1/sqrt(head_dim) unless scale_given = 1
+                                  (head_dim: q's and k's, D, also when v's Dv differs) */
     int32_t scale_given;       /* 0 or 1: 1 = softmax_scale is the scale as given, 0
                                   included (flash_attn's softmax_scale=0.0: every score 0
                                   before ALiBi, so uniform attention over the visible keys) */
@@ -252,8 +253,14 @@ FLASHC_API flashc_params flashc_params_default(void);
  * when their offsets differ by at least ceil(max_seqlen_k / 8). */
 
 /* ---- forward, batched ---- */
-/* q: [B, Sq, H, D]  k, v: [B, Sk, Hk, D]  (H % Hk == 0; D in 1..256 on the CPU)
- * out: [B, Sq, H, D], same dtype as q
+/* q, k: [B, Sq, H, D], [B, Sk, Hk, D]  v: [B, Sk, Hk, Dv]  (H % Hk == 0; D and
+ *   Dv in 1..256 on the CPU)
+ * out: [B, Sq, H, Dv], same dtype as q
+ * Dv, the value head dim, is read from v's shape and may differ from D, the
+ * head dim of Q K^T (DeepSeek MLA: D = 192, Dv = 128): out, and in the backward
+ * dout and dv, carry Dv. The CPU backend supports every pair; the CUDA backend
+ * refuses Dv != D with FLASHC_ERR_UNSUPPORTED (every entry point, before any
+ * launch).
  * softmax_lse: optional fp32 [B, H, Sq], natural log of the softmax denominator;
  *   a row that sees no key gets out = 0 and lse = -inf
  * alibi_slopes: optional fp32 [H] or [B, H]; adds -slope * |i + Sk - Sq - j| to the
@@ -298,8 +305,9 @@ FLASHC_API flashc_status flashc_fwd_supported(const flashc_fwd_args *args,
 
 /* ---- forward, variable length ---- */
 /* Sequences packed along the token axis:
- * q: [total_q, H, D]  k, v: [total_k, Hk, D], or with block_table the paged cache
- *   [num_blocks, page_size, Hk, D]
+ * q: [total_q, H, D]  k: [total_k, Hk, D]  v: [total_k, Hk, Dv], or with
+ *   block_table the paged caches [num_blocks, page_size, Hk, D] and
+ *   [num_blocks, page_size, Hk, Dv] (Dv as in flashc_fwd_args)
  * cu_seqlens_q, cu_seqlens_k: int32 [B + 1], cu[0] = 0, non-decreasing, cu[B] <= total;
  *   sequence b holds rows cu[b] .. cu[b+1]-1 (empty sequences allowed)
  * max_seqlen_q, max_seqlen_k: >= every sequence length (the bound of attn_probs)
@@ -308,7 +316,7 @@ FLASHC_API flashc_status flashc_fwd_supported(const flashc_fwd_args *args,
  *   page block_table[b][j / page_size] at row j % page_size (paged KV, chunked prefill);
  *   the key length of b is still cu_seqlens_k[b+1] - cu_seqlens_k[b]; any
  *   page_size >= 1 (flash_attn needs multiples of 256), on every backend
- * out: [total_q, H, D]  softmax_lse: optional fp32 [H, total_q]
+ * out: [total_q, H, Dv]  softmax_lse: optional fp32 [H, total_q]
  * alibi_slopes: optional fp32 [H] or [B, H]
  * attn_probs: optional fp32 [B, H, max_seqlen_q, max_seqlen_k] (rows/cols past a
  *   sequence's lengths are written 0)
@@ -339,7 +347,8 @@ FLASHC_API flashc_status flashc_varlen_fwd_supported(const flashc_varlen_fwd_arg
                                                      const flashc_params *params);
 
 /* ---- backward, batched ---- */
-/* dout, q, out, dq: [B, Sq, H, D]  k, v, dk, dv: [B, Sk, Hk, D]
+/* q, dq: [B, Sq, H, D]  out, dout: [B, Sq, H, Dv]  k, dk: [B, Sk, Hk, D]
+ * v, dv: [B, Sk, Hk, Dv] (Dv as in flashc_fwd_args)
  * softmax_lse: fp32 [B, H, Sq] from the forward (required)
  * Gradients of the forward with the same params (scale, masks, softcap, ALiBi,
  * dropout seed and offset). With GQA, dk/dv hold the sum over each KV head's
@@ -370,7 +379,8 @@ FLASHC_API flashc_status flashc_bwd_supported(const flashc_bwd_args *args,
                                               const flashc_params *params);
 
 /* ---- backward, variable length ---- */
-/* dout, q, out, dq: [total_q, H, D]  k, v, dk, dv: [total_k, Hk, D]
+/* q, dq: [total_q, H, D]  out, dout: [total_q, H, Dv]  k, dk: [total_k, Hk, D]
+ * v, dv: [total_k, Hk, Dv]
  * softmax_lse: fp32 [H, total_q]; cu_seqlens and max_seqlen as in the forward.
  * sink, dsink: as in flashc_bwd_args; dsink sums over every sequence. */
 typedef struct flashc_varlen_bwd_args {
@@ -398,9 +408,10 @@ FLASHC_API flashc_status flashc_varlen_bwd_supported(const flashc_varlen_bwd_arg
 
 /* ---- forward over a KV cache (decode) ---- */
 /* q: [B, Sq, H, D]
- * k_cache, v_cache: contiguous [B_c, S_c, Hk, D], or with block_table paged
- *   [num_blocks, page_size, Hk, D] (any page_size >= 1)
- * k_new, v_new: optional [B, S_new, Hk, D]; written into the cache in place at
+ * k_cache: contiguous [B_c, S_c, Hk, D], or with block_table paged
+ *   [num_blocks, page_size, Hk, D] (any page_size >= 1); v_cache the same with
+ *   the value head dim Dv (as in flashc_fwd_args) last
+ * k_new, v_new: optional [B, S_new, Hk, D] and [B, S_new, Hk, Dv]; written into the cache in place at
  *   rows cache_seqlens[b] .. cache_seqlens[b] + S_new - 1 (rotary applied to k_new
  *   first), then attended to
  * cache_seqlens: optional int32 [B], or a rank-0 int32 scalar for every b: the
@@ -417,7 +428,7 @@ FLASHC_API flashc_status flashc_varlen_bwd_supported(const flashc_varlen_bwd_arg
  *   at or past them is no edge), else at cache_seqlens[b] (as flash_attn)
  * alibi_slopes: optional fp32 [H] or [B, H]
  * sink: optional fp32 [H], as in flashc_fwd_args; default absent
- * out: [B, Sq, H, D]  softmax_lse: optional fp32 [B, H, Sq]
+ * out: [B, Sq, H, Dv]  softmax_lse: optional fp32 [B, H, Sq]
  * The keys of b are cache rows cache_leftpad[b] .. cache_seqlens[b] + S_new - 1;
  * masks are aligned to their bottom-right corner as in flashc_fwd().
  * With k_new, no two sequences may share an appended cache row (through

@@ -86,7 +86,8 @@ typedef struct fc_attn {
     int64_t batch;        /* B: batch size, or number of varlen sequences */
     int64_t heads;        /* H: query heads */
     int64_t kv_heads;     /* Hk: key/value heads, H % Hk == 0 */
-    int64_t head_dim;     /* D */
+    int64_t head_dim;     /* D: of q and k (Q K^T), the default scale's 1/sqrt(D) */
+    int64_t head_dim_v;   /* Dv: of v, out (and dout, dv); may differ from D (MLA) */
     int64_t max_seqlen_q; /* batched: Sq; varlen: max_seqlen_q */
     int64_t max_seqlen_k; /* batched: Sk; varlen: max_seqlen_k; kvcache: max over b of seqlen_k(b)
                              on the CPU, the cache capacity (a bound) on CUDA */

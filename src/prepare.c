@@ -205,6 +205,41 @@ static flashc_status fc_check_same(fc_ctx *c, const flashc_tensor *t, const char
     return fc_check_tensor(c, t, &r);
 }
 
+/* Rank, dtype and every dimension of ref but the last, which is last (the
+ * value head dim Dv: out like q, dv like k, but of v's head dim). */
+static flashc_status fc_check_same_but_dv(fc_ctx *c, const flashc_tensor *t, const char *name,
+                                          const flashc_tensor *ref, const char *ref_name,
+                                          const char *layout, fc_dim last) {
+    fc_role r = {name, layout, ref->ndim, FC_DT_LIKE, ref, ref_name, {{0}}};
+    for (int d = 0; d < ref->ndim - 1; d++) r.dim[d] = FC_AS(ref, ref_name, d);
+    r.dim[ref->ndim - 1] = last;
+    return fc_check_tensor(c, t, &r);
+}
+
+/* v (or v_cache, v_new) like k but of its own head dim Dv in 1..FC_MAX_HEAD_DIM. */
+static flashc_status fc_check_v(fc_ctx *c, const flashc_tensor *v, const char *name,
+                                const flashc_tensor *k, const char *k_name, const char *layout) {
+    FC_TRY(fc_check_same_but_dv(c, v, name, k, k_name, layout, (fc_dim){0, NULL, 0}));
+    int64_t dv = v->shape[v->ndim - 1];
+    FC_CHECK_ARG(dv >= 1 && dv <= FC_MAX_HEAD_DIM,
+                 "%s.shape[%d]=%lld but the value head_dim must be in 1..%d", name, v->ndim - 1,
+                 (long long)dv, FC_MAX_HEAD_DIM);
+    return FLASHC_OK;
+}
+
+/* A backend whose kernels assume one head dim refuses Dv != D here, before
+ * any workspace or launch. */
+static flashc_status fc_check_backend_dv(const fc_backend_impl *impl, const flashc_tensor *q,
+                                         const flashc_tensor *v, const char *v_name) {
+    int64_t D = q->shape[q->ndim - 1], Dv = v->shape[v->ndim - 1];
+    if (Dv != D && impl->id == FLASHC_BACKEND_CUDA)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "%s.shape[%d]=%lld but q.shape[%d]=%lld: a value head dim other than "
+                            "the query/key head dim is not supported by the CUDA backend yet",
+                            v_name, v->ndim - 1, (long long)Dv, q->ndim - 1, (long long)D);
+    return FLASHC_OK;
+}
+
 typedef enum {
     FC_KV_BATCHED, /* [B, Sk, Hk, D] */
     FC_KV_VARLEN,  /* [total_k, Hk, D] */
@@ -565,13 +600,14 @@ static flashc_status fc_prepare_attention(const fc_operands *o, const flashc_par
         FC_TRY(fc_check_max_seqlen(o->max_seqlen_k, "max_seqlen_k"));
     }
     FC_TRY(fc_check_k(&c, o->k, "k", !varlen ? FC_KV_BATCHED : paged ? FC_KV_PAGED : FC_KV_VARLEN));
-    FC_TRY(fc_check_same(&c, o->v, "v", o->k, "k", c.k_layout));
-    FC_TRY(fc_check_same(&c, o->out, "out", o->q, "q", c.q_layout));
+    FC_TRY(fc_check_v(&c, o->v, "v", o->k, "k", c.k_layout));
+    fc_dim dv = FC_AS(o->v, "v", o->v->ndim - 1);
+    FC_TRY(fc_check_same_but_dv(&c, o->out, "out", o->q, "q", c.q_layout, dv));
     if (op == FC_OP_BWD) {
-        FC_TRY(fc_check_same(&c, o->dout, "dout", o->q, "q", c.q_layout));
+        FC_TRY(fc_check_same(&c, o->dout, "dout", o->out, "out", c.q_layout));
         FC_TRY(fc_check_same(&c, o->dq, "dq", o->q, "q", c.q_layout));
         FC_TRY(fc_check_same(&c, o->dk, "dk", o->k, "k", c.k_layout));
-        FC_TRY(fc_check_same(&c, o->dv, "dv", o->k, "k", c.k_layout));
+        FC_TRY(fc_check_same(&c, o->dv, "dv", o->v, "v", c.k_layout));
     }
     FC_TRY(fc_check_lse(&c, o->lse, op == FC_OP_BWD));
     FC_TRY(fc_check_alibi(&c, o->alibi));
@@ -589,6 +625,7 @@ static flashc_status fc_prepare_attention(const fc_operands *o, const flashc_par
     }
     FC_TRY(fc_select_backend(&c, p->backend, &call->impl));
     FC_TRY(fc_check_backend_sinks(call->impl, o->sink));
+    FC_TRY(fc_check_backend_dv(call->impl, o->q, o->v, "v"));
 
     fc_attn *a = &call->attn;
     call->op = op;
@@ -597,6 +634,7 @@ static flashc_status fc_prepare_attention(const fc_operands *o, const flashc_par
     a->heads = c.H;
     a->kv_heads = c.Hk;
     a->head_dim = c.D;
+    a->head_dim_v = dv.n;
     a->dtype = o->q->dtype;
     if (varlen) {
         a->max_seqlen_q = o->max_seqlen_q;
@@ -749,7 +787,8 @@ static flashc_status fc_prepare_cache(const flashc_kvcache_args *x, const flashc
                  (double)p->dropout_p);
     FC_TRY(fc_check_q(&c, &x->q, false));
     FC_TRY(fc_check_k(&c, &x->k_cache, "k_cache", paged ? FC_KV_PAGED : FC_KV_CACHE));
-    FC_TRY(fc_check_same(&c, &x->v_cache, "v_cache", &x->k_cache, "k_cache", c.k_layout));
+    FC_TRY(fc_check_v(&c, &x->v_cache, "v_cache", &x->k_cache, "k_cache", c.k_layout));
+    fc_dim dv = FC_AS(&x->v_cache, "v_cache", 3);
     FC_CHECK_ARG(!paged || !x->cache_batch_idx.data,
                  "cache_batch_idx is given with block_table: a paged cache has no batch index");
     if (!paged && !x->cache_batch_idx.data)
@@ -763,9 +802,9 @@ static flashc_status fc_prepare_cache(const flashc_kvcache_args *x, const flashc
         fc_role r = {"k_new", "[B, S_new, Hk, D]", 4, FC_DT_LIKE, &x->q, "q",
                      {c.B, {0}, FC_AS(&x->k_cache, "k_cache", 2), FC_AS(&x->q, "q", 3)}};
         FC_TRY(fc_check_tensor(&c, &x->k_new, &r));
-        FC_TRY(fc_check_same(&c, &x->v_new, "v_new", &x->k_new, "k_new", r.layout));
+        FC_TRY(fc_check_same_but_dv(&c, &x->v_new, "v_new", &x->k_new, "k_new", r.layout, dv));
     }
-    FC_TRY(fc_check_same(&c, &x->out, "out", &x->q, "q", c.q_layout));
+    FC_TRY(fc_check_same_but_dv(&c, &x->out, "out", &x->q, "q", c.q_layout, dv));
     FC_TRY(fc_check_lse(&c, &x->softmax_lse, false));
     FC_TRY(fc_check_alibi(&c, &x->alibi_slopes));
     FC_TRY(fc_check_sink(&c, &x->sink, "sink", NULL));
@@ -797,6 +836,7 @@ static flashc_status fc_prepare_cache(const flashc_kvcache_args *x, const flashc
     if (c.device == FLASHC_DEVICE_CPU) FC_TRY(fc_check_kvcache_values(&c, x, call, &a->max_seqlen_k));
     FC_TRY(fc_select_backend(&c, p->backend, &call->impl));
     FC_TRY(fc_check_backend_sinks(call->impl, &x->sink));
+    FC_TRY(fc_check_backend_dv(call->impl, &x->q, &x->v_cache, "v_cache"));
 
     call->op = FC_OP_KVCACHE;
     call->device = c.device;
@@ -805,6 +845,7 @@ static flashc_status fc_prepare_cache(const flashc_kvcache_args *x, const flashc
     a->heads = c.H;
     a->kv_heads = c.Hk;
     a->head_dim = c.D;
+    a->head_dim_v = dv.n;
     a->dtype = x->q.dtype;
     a->max_seqlen_q = x->q.shape[1];
     a->total_k = x->k_cache.shape[0];

@@ -36,6 +36,7 @@ static const char *const bw_layout_names[] = {"", "/padded", "/bhsd", "/qkvpacke
 typedef struct bw_case {
     flashc_dtype dt;
     int B, Sq, Sk, H, Hk, D;
+    int Dv;            /* head dim of v, out, dout, dv (D when 0): contiguous, padded or bhsd */
     th_opts o;
     bw_layout layout;
     int deterministic; /* params.deterministic */
@@ -44,7 +45,7 @@ typedef struct bw_case {
     int simd, threads;
 } bw_case;
 
-enum { BW_MAX = 256 };
+enum { BW_MAX = 360 };
 static bw_case bw_cases[BW_MAX];
 static int bw_ncases;
 
@@ -70,7 +71,9 @@ static flashc_tensor bw_kvview(th_buf *b, flashc_dtype dt, int64_t B, int64_t Sk
 static void bw_body(const bw_case *c, th_arena *ar) {
     const flashc_dtype dt = c->dt;
     const int64_t B = c->B, Sq = c->Sq, Sk = c->Sk, H = c->H, Hk = c->Hk, D = c->D;
-    int64_t qs[4] = {B, Sq, H, D}, ks[4] = {B, Sk, Hk, D};
+    const int64_t Dv = c->Dv ? c->Dv : D;
+    int64_t qs[4] = {B, Sq, H, D}, ks[4] = {B, Sk, Hk, D}, vs[4] = {B, Sk, Hk, Dv},
+            os[4] = {B, Sq, H, Dv};
     th_layout lay = c->layout == BW_PADDED ? TH_PADDED : c->layout == BW_BHSD ? TH_BHSD : TH_CONTIG;
 
     // ---- inputs ----
@@ -103,14 +106,14 @@ static void bw_body(const bw_case *c, th_arena *ar) {
     } else {
         a.q = th_new(th_buf_in(ar), dt, 4, qs, lay, -c->qr, c->qr);
         a.k = th_new(th_buf_in(ar), dt, 4, ks, lay, -1.0, 1.0);
-        a.v = th_new(th_buf_in(ar), dt, 4, ks, lay, -1.0, 1.0);
+        a.v = th_new(th_buf_in(ar), dt, 4, vs, lay, -1.0, 1.0);
         a.dq = th_new_out(dqb, dt, 4, qs, lay);
         dkb = th_buf_in(ar);
         dvb = th_buf_in(ar);
         a.dk = th_new_out(dkb, dt, 4, ks, lay);
-        a.dv = th_new_out(dvb, dt, 4, ks, lay);
+        a.dv = th_new_out(dvb, dt, 4, vs, lay);
     }
-    a.dout = th_new(th_buf_in(ar), dt, 4, qs, lay, -1.0, 1.0);
+    a.dout = th_new(th_buf_in(ar), dt, 4, os, lay, -1.0, 1.0);
     a.alibi_slopes = th_alibi_new(th_buf_in(ar), c->o.alibi, B, H);
     flashc_params p = th_params(&c->o);
     p.deterministic = c->deterministic;
@@ -124,9 +127,10 @@ static void bw_body(const bw_case *c, th_arena *ar) {
     f.v = a.v;
     f.alibi_slopes = a.alibi_slopes;
     int64_t nq = B * Sq * H * D, nk = B * Sk * Hk * D, nl = B * H * Sq;
-    double *o64 = th_dbl(ar, nq), *l64 = th_dbl(ar, nl);
+    int64_t no = B * Sq * H * Dv, nv = B * Sk * Hk * Dv;
+    double *o64 = th_dbl(ar, no), *l64 = th_dbl(ar, nl);
     FC_ASSERT_OK(fc_ref_fwd(&f, &p, FC_REF_F64, o64, l64, NULL));
-    a.out = th_new(th_buf_in(ar), dt, 4, qs, lay, 0.0, 0.0);
+    a.out = th_new(th_buf_in(ar), dt, 4, os, lay, 0.0, 0.0);
     a.softmax_lse = th_new(th_buf_in(ar), FLASHC_DTYPE_FP32, 3, (int64_t[]){B, H, Sq},
                            lay == TH_PADDED ? TH_PADDED : TH_CONTIG, 0.0, 0.0);
     th_store_dense(&a.out, o64);
@@ -163,7 +167,7 @@ static void bw_body(const bw_case *c, th_arena *ar) {
 
     // ---- reference and checks ----
     double *dq64 = th_dbl(ar, nq), *dqlp = th_dbl(ar, nq), *dk64 = th_dbl(ar, nk),
-           *dklp = th_dbl(ar, nk), *dv64 = th_dbl(ar, nk), *dvlp = th_dbl(ar, nk);
+           *dklp = th_dbl(ar, nk), *dv64 = th_dbl(ar, nv), *dvlp = th_dbl(ar, nv);
     FC_ASSERT_OK(fc_ref_bwd(&a, &p, FC_REF_F64, dq64, dk64, dv64));
     FC_ASSERT_OK(fc_ref_bwd(&a, &p, FC_REF_LOWP, dqlp, dklp, dvlp));
     th_check("dq", dt, &a.dq, dq64, dqlp);
@@ -392,11 +396,39 @@ FC_TEST_REGISTER(bwd_sweep) {
             c->threads = t;
         }
 
+    // ---- a value head dim Dv other than D (MLA: 192/128), every option, both
+    // schedules (1 thread: fused; 2 threads, many tasks: two-pass), twice ----
+    static const int dvs[8][2] = {{192, 128}, {128, 192}, {64, 32}, {72, 40},
+                                  {40, 72},   {7, 33},    {256, 16}, {1, 256}};
+    for (int i = 0; i < 8; i++)
+        for (int k = 0; k < TH_OPTION_CYCLE; k++) {
+            const int *l = lens[(i + k) % 7], *g = gqa[(i + k) % 4];
+            c = bw_add(dts[(i + k) % 3], 2, l[0], l[1], g[0], g[1], dvs[i][0], bw_option(k));
+            c->Dv = dvs[i][1];
+            c->layout = k % 3 == 1 ? BW_PADDED : k % 3 == 2 ? BW_BHSD : BW_CONTIG;
+            c->repeat = k % 4 == 0;
+            c->deterministic = k % 2;
+        }
+    for (int simd = 0; simd < FLASHC_SIMD_COUNT; simd++)
+        for (int t = 1; t <= 2; t++)
+            for (int i = 0; i < 3; i++) {
+                c = bw_add(dts[i], 2, 40 + 24 * i, 64 - 24 * i, 4, 2, dvs[i][0],
+                           bw_option(4 * i + simd + t));
+                c->Dv = dvs[i][1];
+                c->simd = simd;
+                c->threads = t;
+                c->repeat = 1;
+            }
+
     for (int i = 0; i < bw_ncases; i++) {
         const bw_case *k = &bw_cases[i];
         char name[256];
         snprintf(name, sizeof name, "bwd/%s/d%d/b%d/sq%d/sk%d/h%d:%d", flashc_dtype_name(k->dt),
                  k->D, k->B, k->Sq, k->Sk, k->H, k->Hk);
+        if (k->Dv) {
+            size_t n0 = strlen(name);
+            snprintf(name + n0, sizeof name - n0, "/dv%d", k->Dv);
+        }
         th_opts_name(name, sizeof name, &k->o);
         size_t len = strlen(name);
         snprintf(name + len, sizeof name - len, "%s%s%s%s", bw_layout_names[k->layout],

@@ -35,6 +35,7 @@ static const char *const fwd_layout_names[] = {"", "/padded", "/bhsd", "/qkvpack
 typedef struct fwd_case {
     flashc_dtype dt;
     int B, Sq, Sk, H, Hk, D;
+    int Dv;         /* head dim of v and out (D when 0): contiguous, padded or bhsd layouts */
     th_opts o;
     int lse, probs; /* request softmax_lse / attn_probs */
     fwd_layout layout;
@@ -43,7 +44,7 @@ typedef struct fwd_case {
     int simd, threads;
 } fwd_case;
 
-enum { FWD_MAX = 320 };
+enum { FWD_MAX = 440 };
 static fwd_case fwd_cases[FWD_MAX];
 static int fwd_ncases;
 
@@ -52,7 +53,9 @@ static int fwd_ncases;
 static void fwd_body(const fwd_case *c, th_arena *ar) {
     const flashc_dtype dt = c->dt;
     const int64_t B = c->B, Sq = c->Sq, Sk = c->Sk, H = c->H, Hk = c->Hk, D = c->D;
-    int64_t qs[4] = {B, Sq, H, D}, ks[4] = {B, Sk, Hk, D};
+    const int64_t Dv = c->Dv ? c->Dv : D;
+    int64_t qs[4] = {B, Sq, H, D}, ks[4] = {B, Sk, Hk, D}, vs[4] = {B, Sk, Hk, Dv},
+            os[4] = {B, Sq, H, Dv};
     th_layout lay = c->layout == FWD_PADDED ? TH_PADDED
                     : c->layout == FWD_BHSD ? TH_BHSD
                                             : TH_CONTIG;
@@ -92,7 +95,7 @@ static void fwd_body(const fwd_case *c, th_arena *ar) {
         kb = th_buf_in(ar);
         vb = th_buf_in(ar);
         a.k = th_new(kb, dt, 4, ks, lay, -1.0, 1.0);
-        a.v = th_new(vb, dt, 4, ks, lay, -1.0, 1.0);
+        a.v = th_new(vb, dt, 4, vs, lay, -1.0, 1.0);
     }
     th_buf *sb = th_buf_in(ar);
     a.alibi_slopes = th_alibi_new(sb, c->o.alibi, B, H);
@@ -102,7 +105,7 @@ static void fwd_body(const fwd_case *c, th_arena *ar) {
 
     // ---- outputs, poisoned ----
     th_buf *ob = th_buf_in(ar), *lb = th_buf_in(ar), *pb = th_buf_in(ar);
-    a.out = th_new_out(ob, dt, 4, qs, lay);
+    a.out = th_new_out(ob, dt, 4, os, lay);
     if (c->lse)
         a.softmax_lse = th_new_out(lb, FLASHC_DTYPE_FP32, 3, (int64_t[]){B, H, Sq}, lay_small);
     if (c->probs)
@@ -118,14 +121,14 @@ static void fwd_body(const fwd_case *c, th_arena *ar) {
     FC_ASSERT_OK(s);
 
     // ---- reference and checks ----
-    int64_t nq = B * Sq * H * D, nl = B * H * Sq, np = nl * Sk;
+    int64_t nq = B * Sq * H * Dv, nl = B * H * Sq, np = nl * Sk;
     double *o64 = th_dbl(ar, nq), *olp = th_dbl(ar, nq), *l64 = th_dbl(ar, nl),
            *llp = th_dbl(ar, nl);
     double *p64 = c->probs ? th_dbl(ar, np) : NULL, *plp = c->probs ? th_dbl(ar, np) : NULL;
     FC_ASSERT_OK(fc_ref_fwd(&a, &p, FC_REF_F64, o64, l64, p64));
     FC_ASSERT_OK(fc_ref_fwd(&a, &p, FC_REF_LOWP, olp, llp, plp));
     th_check("out", dt, &a.out, o64, olp);
-    th_check_masked_rows(l64, (double *)th_keep(ar, th_to_double(&a.out)), B, Sq, H, D);
+    th_check_masked_rows(l64, (double *)th_keep(ar, th_to_double(&a.out)), B, Sq, H, Dv);
     if (c->lse) th_check("lse", dt, &a.softmax_lse, l64, llp);
     if (c->probs) {
         th_check("probs", dt, &a.attn_probs, p64, plp);
@@ -293,11 +296,38 @@ FC_TEST_REGISTER(fwd_sweep) {
             c->threads = t;
         }
 
+    // ---- a value head dim Dv other than D (MLA: 192/128), every option ----
+    static const int dvs[8][2] = {{192, 128}, {128, 192}, {64, 32}, {72, 40},
+                                  {40, 72},   {7, 33},    {256, 16}, {1, 256}};
+    for (int i = 0; i < 8; i++)
+        for (int k = 0; k < TH_OPTION_CYCLE; k++) {
+            const int *l = lens[(i + k) % 7], *g = gqa[(i + k) % 4];
+            int big = dvs[i][0] + dvs[i][1] >= 256;
+            c = fwd_add(fwd_dtypes[(i + k) % 3], big ? 1 : 2, big ? (l[0] + 1) / 2 : l[0],
+                        big ? (l[1] + 1) / 2 : l[1], g[0], g[1], dvs[i][0], fwd_option(k));
+            c->Dv = dvs[i][1];
+            c->layout = k % 3 == 1 ? FWD_PADDED : k % 3 == 2 ? FWD_BHSD : FWD_CONTIG;
+            c->probs = c->probs || k % 4 == 1;
+        }
+    for (int simd = 0; simd < FLASHC_SIMD_COUNT; simd++)
+        for (int t = 1; t <= 2; t++)
+            for (int i = 0; i < 3; i++) {
+                o = fwd_option(4 * i + simd + t);
+                c = fwd_add(fwd_dtypes[i], 2, 113, 257 - 100 * i, 4, 2, dvs[i][0], o);
+                c->Dv = dvs[i][1];
+                c->simd = simd;
+                c->threads = t;
+            }
+
     for (int i = 0; i < fwd_ncases; i++) {
         const fwd_case *k = &fwd_cases[i];
         char name[256];
         snprintf(name, sizeof name, "fwd/%s/d%d/b%d/sq%d/sk%d/h%d:%d", flashc_dtype_name(k->dt),
                  k->D, k->B, k->Sq, k->Sk, k->H, k->Hk);
+        if (k->Dv) {
+            size_t n0 = strlen(name);
+            snprintf(name + n0, sizeof name - n0, "/dv%d", k->Dv);
+        }
         th_opts_name(name, sizeof name, &k->o);
         size_t len = strlen(name);
         snprintf(name + len, sizeof name - len, "%s%s%s%s%s", k->lse ? "" : "/nolse",
@@ -306,4 +336,57 @@ FC_TEST_REGISTER(fwd_sweep) {
         th_env_name(name, sizeof name, k->simd, k->threads);
         fc_test_add(name, fwd_run, k);
     }
+}
+
+/* The CUDA backend refuses a value head dim Dv != D in every entry point and
+ * query, before any launch (prepare.c), naming v's and q's last dims. Runs
+ * where CUDA is compiled in and a device is usable: the tensors are host
+ * buffers labelled as device memory, which nothing reads because the call
+ * stops before. */
+FC_TEST(fwd_dv_cuda_refused) {
+    if (!flashc_backend_available(FLASHC_BACKEND_CUDA)) return;
+    th_arena ar = {0};
+    const int64_t qs[4] = {1, 4, 2, 16}, vs[4] = {1, 4, 2, 8}, ls[3] = {1, 2, 4};
+    const flashc_dtype bf = FLASHC_DTYPE_BF16;
+    flashc_fwd_args f;
+    flashc_bwd_args a;
+    memset(&f, 0, sizeof f);
+    memset(&a, 0, sizeof a);
+    f.abi = a.abi = FLASHC_ABI_VERSION;
+    f.q = th_new(th_buf_in(&ar), bf, 4, qs, TH_CONTIG, -1.0, 1.0);
+    f.k = th_new(th_buf_in(&ar), bf, 4, qs, TH_CONTIG, -1.0, 1.0);
+    f.v = th_new(th_buf_in(&ar), bf, 4, vs, TH_CONTIG, -1.0, 1.0);
+    f.out = th_new_out(th_buf_in(&ar), bf, 4, vs, TH_CONTIG);
+    f.softmax_lse = th_new_out(th_buf_in(&ar), FLASHC_DTYPE_FP32, 3, ls, TH_CONTIG);
+    a.dq = th_new_out(th_buf_in(&ar), bf, 4, qs, TH_CONTIG);
+    a.dk = th_new_out(th_buf_in(&ar), bf, 4, qs, TH_CONTIG);
+    a.dv = th_new_out(th_buf_in(&ar), bf, 4, vs, TH_CONTIG);
+    flashc_tensor *all[] = {&f.q, &f.k, &f.v, &f.out, &f.softmax_lse, &a.dq, &a.dk, &a.dv};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) all[i]->device = FLASHC_DEVICE_CUDA;
+    a.q = f.q;
+    a.k = f.k;
+    a.v = f.v;
+    a.out = f.out;
+    a.dout = f.out;
+    a.softmax_lse = f.softmax_lse;
+    flashc_kvcache_args kv;
+    memset(&kv, 0, sizeof kv);
+    kv.abi = FLASHC_ABI_VERSION;
+    kv.q = f.q;
+    kv.k_cache = f.k;
+    kv.v_cache = f.v;
+    kv.out = f.out;
+    flashc_params p = flashc_params_default();
+    size_t bytes = 0;
+    const char *msg = "is not supported by the CUDA backend yet";
+    flashc_status got[5] = {flashc_fwd_workspace_size(&f, &p, &bytes), flashc_fwd(&f, &p, NULL, 0),
+                            flashc_bwd_workspace_size(&a, &p, &bytes), flashc_bwd(&a, &p, NULL, 0),
+                            flashc_fwd_kvcache(&kv, &p, NULL, 0)};
+    for (int i = 0; i < 5; i++) {
+        FC_EXPECT_STATUS(got[i], FLASHC_ERR_UNSUPPORTED);
+    }
+    FC_EXPECT_STATUS(flashc_fwd(&f, &p, NULL, 0), FLASHC_ERR_UNSUPPORTED);
+    if (!strstr(flashc_last_error(), msg) || !strstr(flashc_last_error(), "v.shape[3]=8"))
+        fc_test_fail(__FILE__, __LINE__, "message \"%s\" lacks \"%s\"", flashc_last_error(), msg);
+    th_arena_free(&ar);
 }

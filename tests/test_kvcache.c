@@ -29,6 +29,7 @@ enum { KV_MAXB = 4 };
 typedef struct kv_case {
     flashc_dtype dt;
     int B, Sq, H, Hk, D;
+    int Dv;           /* head dim of v_cache, v_new, out (D when 0) */
     int Sc;           /* rows per sequence: contiguous cache length, or paged capacity */
     int page;         /* 0: contiguous; else the page size */
     int seqlens;      /* cache_seqlens: 0 absent (every row in use), 1 rank-0 scalar cs[0], 2 [B] */
@@ -47,7 +48,7 @@ typedef struct kv_case {
     int simd, threads;
 } kv_case;
 
-enum { KV_MAX = 64 };
+enum { KV_MAX = 96 };
 static kv_case kv_cases[KV_MAX];
 static int kv_ncases;
 
@@ -65,7 +66,8 @@ static double kv_ulp(flashc_dtype dt, double x) {
 static void kv_body(const kv_case *c, th_arena *ar) {
     const flashc_dtype dt = c->dt;
     const int64_t B = c->B, Sq = c->Sq, H = c->H, Hk = c->Hk, D = c->D, Sn = c->Snew;
-    int64_t qs[4] = {B, Sq, H, D};
+    const int64_t Dv = c->Dv ? c->Dv : D;
+    int64_t qs[4] = {B, Sq, H, D}, os[4] = {B, Sq, H, Dv};
     th_layout lay = c->padded ? TH_PADDED : TH_CONTIG;
 
     flashc_kvcache_args a;
@@ -90,13 +92,14 @@ static void kv_body(const kv_case *c, th_arena *ar) {
             for (int64_t e = 0; e < maxb; e++) t[b * bt_stride + e] = perm[b * maxb + e];
         bt = t;
         a.block_table = th_view(tb, 0, 2, (int64_t[]){B, maxb}, (int64_t[]){bt_stride, 1});
-        int64_t ks[4] = {nblocks, ps, Hk, D};
+        int64_t ks[4] = {nblocks, ps, Hk, D}, vs[4] = {nblocks, ps, Hk, Dv};
         a.k_cache = th_new(kcb, dt, 4, ks, lay, -1.0, 1.0);
-        a.v_cache = th_new(vcb, dt, 4, ks, lay, -1.0, 1.0);
+        a.v_cache = th_new(vcb, dt, 4, vs, lay, -1.0, 1.0);
     } else {
-        int64_t Bc = c->batch_idx ? B + 2 : B, ks[4] = {Bc, c->Sc, Hk, D};
+        int64_t Bc = c->batch_idx ? B + 2 : B, ks[4] = {Bc, c->Sc, Hk, D},
+                vs[4] = {Bc, c->Sc, Hk, Dv};
         a.k_cache = th_new(kcb, dt, 4, ks, lay, -1.0, 1.0);
-        a.v_cache = th_new(vcb, dt, 4, ks, lay, -1.0, 1.0);
+        a.v_cache = th_new(vcb, dt, 4, vs, lay, -1.0, 1.0);
         if (c->batch_idx) {
             int32_t perm[KV_MAXB + 2];
             th_shuffle(perm, Bc);
@@ -110,9 +113,9 @@ static void kv_body(const kv_case *c, th_arena *ar) {
     // ---- new rows, rotary, ALiBi ----
     th_buf *knb = th_buf_in(ar), *vnb = th_buf_in(ar), *cb = th_buf_in(ar), *sb = th_buf_in(ar);
     if (Sn) {
-        int64_t ns[4] = {B, Sn, Hk, D};
+        int64_t ns[4] = {B, Sn, Hk, D}, vns[4] = {B, Sn, Hk, Dv};
         a.k_new = th_new(knb, dt, 4, ns, TH_CONTIG, -1.0, 1.0);
-        a.v_new = th_new(vnb, dt, 4, ns, TH_CONTIG, -1.0, 1.0);
+        a.v_new = th_new(vnb, dt, 4, vns, TH_CONTIG, -1.0, 1.0);
     }
     if (c->rotary) {
         /* the usual frequencies: angle(pos, r) = pos * 10000^(-2r / rotary_dim) */
@@ -134,7 +137,7 @@ static void kv_body(const kv_case *c, th_arena *ar) {
 
     // ---- outputs ----
     th_buf *ob = th_buf_in(ar), *lb = th_buf_in(ar);
-    a.out = th_new_out(ob, dt, 4, qs, lay);
+    a.out = th_new_out(ob, dt, 4, os, lay);
     if (c->lse) a.softmax_lse = th_new_out(lb, FLASHC_DTYPE_FP32, 3, (int64_t[]){B, H, Sq}, lay);
     flashc_params p = th_params(&c->o);
     p.rotary_halves = !c->interleaved;
@@ -145,7 +148,7 @@ static void kv_body(const kv_case *c, th_arena *ar) {
     if (sb->data) th_snapshot(sb);
 
     // ---- the reference first: the call appends in place ----
-    int64_t nq = B * Sq * H * D, nl = B * H * Sq, nn = B * Sn * Hk * D;
+    int64_t nq = B * Sq * H * Dv, nl = B * H * Sq, nn = B * Sn * Hk * D;
     double *o64 = th_dbl(ar, nq), *olp = th_dbl(ar, nq), *l64 = th_dbl(ar, nl),
            *llp = th_dbl(ar, nl);
     double *kn64 = th_dbl(ar, nn), *knlp = th_dbl(ar, nn);
@@ -160,7 +163,7 @@ static void kv_body(const kv_case *c, th_arena *ar) {
     FC_ASSERT_OK(s);
 
     th_check("out", dt, &a.out, o64, olp);
-    th_check_masked_rows(l64, (double *)th_keep(ar, th_to_double(&a.out)), B, Sq, H, D);
+    th_check_masked_rows(l64, (double *)th_keep(ar, th_to_double(&a.out)), B, Sq, H, Dv);
     if (c->lse) th_check("lse", dt, &a.softmax_lse, l64, llp);
     th_check_outside("out", ob, &a.out, 1);
     if (c->lse) th_check_outside("softmax_lse", lb, &a.softmax_lse, 1);
@@ -184,13 +187,13 @@ static void kv_body(const kv_case *c, th_arena *ar) {
                 kofs = kb * kc->stride[0] + r * kc->stride[1];
                 vofs = kb * vc->stride[0] + r * vc->stride[1];
             }
-            int64_t hd[2] = {Hk, D};
+            int64_t hd[2] = {Hk, D}, hdv[2] = {Hk, Dv};
             flashc_tensor kr = *kc, vr = *vc;
             kr.data = (char *)kc->data + kofs * (int64_t)flashc_dtype_size(dt);
             vr.data = (char *)vc->data + vofs * (int64_t)flashc_dtype_size(dt);
             kr.ndim = vr.ndim = 2;
             memcpy(kr.shape, hd, sizeof hd);
-            memcpy(vr.shape, hd, sizeof hd);
+            memcpy(vr.shape, hdv, sizeof hdv);
             kr.stride[0] = kc->stride[2];
             kr.stride[1] = 1;
             vr.stride[0] = vc->stride[2];
@@ -198,13 +201,16 @@ static void kv_body(const kv_case *c, th_arena *ar) {
             kv_rows[b * Sn + t] = kr;
             vv_rows[b * Sn + t] = vr;
             for (int64_t h = 0; h < Hk; h++)
+                for (int64_t d = 0; d < Dv; d++) {
+                    double vg = fc_get(vr.data, dt, h * vr.stride[0] + d);
+                    double vw = fc_get(a.v_new.data, dt, ((b * Sn + t) * Hk + h) * Dv + d);
+                    vbad += vg != vw;
+                }
+            for (int64_t h = 0; h < Hk; h++)
                 for (int64_t d = 0; d < D; d++) {
                     int64_t e = ((b * Sn + t) * Hk + h) * D + d;
                     double kg = fc_get(kr.data, dt, h * kr.stride[0] + d);
-                    double vg = fc_get(vr.data, dt, h * vr.stride[0] + d);
-                    double vw = fc_get(a.v_new.data, dt, ((b * Sn + t) * Hk + h) * D + d);
                     kgot[e] = kg;
-                    vbad += vg != vw;
                     /* one rounding of the exactly rotated value (none without rotary) */
                     double tol = c->rotary ? kv_ulp(dt, kn64[e]) + ldexp(1.0, -22) : 0.0;
                     kstrict += !(fabs(kg - kn64[e]) <= tol);
@@ -391,12 +397,66 @@ FC_TEST_REGISTER(kvcache_sweep) {
             c->threads = t;
         }
 
+    // ---- a value head dim Dv other than D: contiguous and paged caches, appends,
+    // rotary (over D only), Sq < = > cached keys ----
+    c = kv_add(bf, 2, 1, 4, 1, 192, 257, 0);
+    c->Dv = 128;
+    kv_lens(c, 2, (int[]){100, 257}, 0);
+    c = kv_add(hf, 2, 4, 4, 2, 128, 80, 0);
+    c->Dv = 192;
+    kv_lens(c, 2, (int[]){10, 60}, 4);
+    kv_rope(c, 64, 1, 0);
+    c->o.causal = 1;
+    c = kv_add(f32, 3, 1, 4, 4, 72, 64, 0);
+    c->Dv = 40;
+    kv_lens(c, 2, (int[]){3, 40, 63}, 1);
+    c->batch_idx = 1;
+    c->o.softcap = 1.5f;
+    c = kv_add(bf, 2, 3, 4, 2, 64, 48, 0);
+    c->Dv = 32;
+    kv_lens(c, 2, (int[]){40, 30}, 2);
+    kv_rope(c, 64, 0, 0);
+    c->leftpad = 1;
+    c->lp[0] = 3;
+    c->lp[1] = 17;
+    c->o.alibi = 2;
+    c = kv_add(bf, 2, 2, 6, 3, 192, 70, 16);
+    c->Dv = 128;
+    kv_lens(c, 2, (int[]){31, 64}, 2);
+    kv_rope(c, 64, 0, 1);
+    c->o.causal = 1;
+    c->o.wl = 10;
+    c = kv_add(hf, 3, 2, 4, 2, 40, 50, 5);
+    c->Dv = 72;
+    kv_lens(c, 2, (int[]){12, 0, 37}, 3);
+    c->padded = 1;
+    c->o.causal = 1;
+    c = kv_add(f32, 2, 60, 2, 1, 7, 40, 3); /* Sq > keys: rows with no key */
+    c->Dv = 33;
+    kv_lens(c, 2, (int[]){5, 20}, 2);
+    c->o.causal = 1;
+    c = kv_add(bf, 1, 1, 4, 1, 128, 1000, 64);
+    c->Dv = 64;
+    kv_lens(c, 2, (int[]){999}, 1);
+    c->num_splits = 5;
+    for (int simd = 0; simd < FLASHC_SIMD_COUNT; simd++)
+        for (int t = 1; t <= 2; t++) {
+            c = kv_add(simd % 2 ? hf : bf, 2, 2, 4, 2, 192, 64, 16);
+            c->Dv = 128;
+            kv_lens(c, 2, (int[]){20, 47}, 1);
+            kv_rope(c, 64, 1, 0);
+            c->o.causal = 1;
+            c->simd = simd;
+            c->threads = t;
+        }
+
     for (int i = 0; i < kv_ncases; i++) {
         const kv_case *k = &kv_cases[i];
         char name[256];
         size_t len = (size_t)snprintf(name, sizeof name, "kvcache/%s/d%d/b%d/sq%d/h%d:%d/%s%d",
                                       flashc_dtype_name(k->dt), k->D, k->B, k->Sq, k->H, k->Hk,
                                       k->page ? "page" : "contig", k->page ? k->page : k->Sc);
+        if (k->Dv) len += (size_t)snprintf(name + len, sizeof name - len, "/dv%d", k->Dv);
         if (k->seqlens == 1)
             len += (size_t)snprintf(name + len, sizeof name - len, "/seqlen%d", k->cs[0]);
         if (k->seqlens == 2) {

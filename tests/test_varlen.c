@@ -27,6 +27,7 @@ typedef enum { VL_CONTIG, VL_PADDED, VL_QKVPACKED } vl_layout;
 typedef struct vl_case {
     flashc_dtype dt;
     int H, Hk, D;
+    int Dv;                           /* head dim of v, out (D when 0); not with VL_QKVPACKED */
     int nseq;
     int lq[VL_MAXSEQ], lk[VL_MAXSEQ]; /* query / key rows of each sequence */
     int seqused;                      /* pass seqused_k = used */
@@ -40,7 +41,7 @@ typedef struct vl_case {
     int simd, threads;
 } vl_case;
 
-enum { VL_MAX = 96 };
+enum { VL_MAX = 160 };
 static vl_case vl_cases[VL_MAX];
 static int vl_ncases;
 
@@ -59,7 +60,7 @@ static int vl_cumsum(const int *len, int n, int32_t *cu) {
 
 static void vl_fwd_body(const vl_case *c, th_arena *ar) {
     const flashc_dtype dt = c->dt;
-    const int64_t H = c->H, Hk = c->Hk, D = c->D, B = c->nseq;
+    const int64_t H = c->H, Hk = c->Hk, D = c->D, B = c->nseq, Dv = c->Dv ? c->Dv : D;
     int32_t cuq[VL_MAXSEQ + 1], cuk[VL_MAXSEQ + 1];
     int64_t maxq = vl_cumsum(c->lq, c->nseq, cuq) + c->extra_max;
     int64_t maxk = vl_cumsum(c->lk, c->nseq, cuk) + c->extra_max;
@@ -110,12 +111,12 @@ static void vl_fwd_body(const vl_case *c, th_arena *ar) {
                 bt[b * (maxb + 2) + e] = e < nb ? perm[next++] : perm[nblocks - 1 - e % 3];
             }
         a.block_table = th_view(tb, 0, 2, (int64_t[]){B, maxb}, (int64_t[]){maxb + 2, 1});
-        int64_t ks[4] = {nblocks, ps, Hk, D};
+        int64_t ks[4] = {nblocks, ps, Hk, D}, vs[4] = {nblocks, ps, Hk, Dv};
         a.k = th_new(kb, dt, 4, ks, lay, -1.0, 1.0);
-        a.v = th_new(vb, dt, 4, ks, lay, -1.0, 1.0);
+        a.v = th_new(vb, dt, 4, vs, lay, -1.0, 1.0);
     } else if (c->layout != VL_QKVPACKED) {
         a.k = th_new(kb, dt, 3, (int64_t[]){tk, Hk, D}, lay, -1.0, 1.0);
-        a.v = th_new(vb, dt, 3, (int64_t[]){tk, Hk, D}, lay, -1.0, 1.0);
+        a.v = th_new(vb, dt, 3, (int64_t[]){tk, Hk, Dv}, lay, -1.0, 1.0);
     }
     a.alibi_slopes = th_alibi_new(th_buf_in(ar), c->o.alibi, B, H);
     th_snapshot(qb);
@@ -124,7 +125,7 @@ static void vl_fwd_body(const vl_case *c, th_arena *ar) {
 
     // ---- outputs ----
     th_buf *ob = th_buf_in(ar), *lb = th_buf_in(ar), *pb = th_buf_in(ar);
-    a.out = th_new_out(ob, dt, 3, (int64_t[]){tq, H, D}, lay);
+    a.out = th_new_out(ob, dt, 3, (int64_t[]){tq, H, Dv}, lay);
     if (c->lse) a.softmax_lse = th_new_out(lb, FLASHC_DTYPE_FP32, 2, (int64_t[]){H, tq}, lay);
     if (c->probs)
         a.attn_probs = th_new_out(pb, FLASHC_DTYPE_FP32, 4, (int64_t[]){B, H, maxq, maxk}, lay);
@@ -138,7 +139,7 @@ static void vl_fwd_body(const vl_case *c, th_arena *ar) {
     FC_ASSERT_OK(s);
 
     // ---- reference and checks ----
-    int64_t nq = tq * H * D, nl = H * tq, np = B * H * maxq * maxk;
+    int64_t nq = tq * H * Dv, nl = H * tq, np = B * H * maxq * maxk;
     double *o64 = th_dbl(ar, nq), *olp = th_dbl(ar, nq), *l64 = th_dbl(ar, nl),
            *llp = th_dbl(ar, nl);
     double *p64 = c->probs ? th_dbl(ar, np) : NULL, *plp = c->probs ? th_dbl(ar, np) : NULL;
@@ -146,7 +147,7 @@ static void vl_fwd_body(const vl_case *c, th_arena *ar) {
     FC_ASSERT_OK(fc_ref_varlen_fwd(&a, &p, FC_REF_LOWP, olp, llp, plp));
     th_check("out", dt, &a.out, o64, olp);
     /* lse [H, total_q] and out [total_q, H, D] are one batch of length total_q */
-    th_check_masked_rows(l64, (double *)th_keep(ar, th_to_double(&a.out)), 1, tq, H, D);
+    th_check_masked_rows(l64, (double *)th_keep(ar, th_to_double(&a.out)), 1, tq, H, Dv);
     if (c->lse) th_check("lse", dt, &a.softmax_lse, l64, llp);
     if (c->probs) {
         th_check("probs", dt, &a.attn_probs, p64, plp);
@@ -164,13 +165,13 @@ static void vl_fwd_body(const vl_case *c, th_arena *ar) {
 
 static void vl_bwd_body(const vl_case *c, th_arena *ar) {
     const flashc_dtype dt = c->dt;
-    const int64_t H = c->H, Hk = c->Hk, D = c->D, B = c->nseq;
+    const int64_t H = c->H, Hk = c->Hk, D = c->D, B = c->nseq, Dv = c->Dv ? c->Dv : D;
     int32_t cuq[VL_MAXSEQ + 1], cuk[VL_MAXSEQ + 1];
     int64_t maxq = vl_cumsum(c->lq, c->nseq, cuq) + c->extra_max;
     int64_t maxk = vl_cumsum(c->lk, c->nseq, cuk) + c->extra_max;
     const int64_t tq = cuq[B], tk = cuk[B];
     th_layout lay = c->layout == VL_PADDED ? TH_PADDED : TH_CONTIG;
-    int64_t qs[3] = {tq, H, D}, ks[3] = {tk, Hk, D};
+    int64_t qs[3] = {tq, H, D}, ks[3] = {tk, Hk, D}, vs[3] = {tk, Hk, Dv}, os[3] = {tq, H, Dv};
 
     flashc_varlen_bwd_args a;
     memset(&a, 0, sizeof a);
@@ -181,8 +182,8 @@ static void vl_bwd_body(const vl_case *c, th_arena *ar) {
     a.max_seqlen_k = maxk;
     a.q = th_new(th_buf_in(ar), dt, 3, qs, lay, -3.0, 3.0);
     a.k = th_new(th_buf_in(ar), dt, 3, ks, lay, -1.0, 1.0);
-    a.v = th_new(th_buf_in(ar), dt, 3, ks, lay, -1.0, 1.0);
-    a.dout = th_new(th_buf_in(ar), dt, 3, qs, lay, -1.0, 1.0);
+    a.v = th_new(th_buf_in(ar), dt, 3, vs, lay, -1.0, 1.0);
+    a.dout = th_new(th_buf_in(ar), dt, 3, os, lay, -1.0, 1.0);
     a.alibi_slopes = th_alibi_new(th_buf_in(ar), c->o.alibi, B, H);
     flashc_params p = th_params(&c->o);
 
@@ -198,10 +199,10 @@ static void vl_bwd_body(const vl_case *c, th_arena *ar) {
     f.max_seqlen_q = maxq;
     f.max_seqlen_k = maxk;
     f.alibi_slopes = a.alibi_slopes;
-    double *o64 = th_dbl(ar, tq * H * D), *l64 = th_dbl(ar, H * tq);
+    double *o64 = th_dbl(ar, tq * H * Dv), *l64 = th_dbl(ar, H * tq);
     FC_ASSERT_OK(fc_ref_varlen_fwd(&f, &p, FC_REF_F64, o64, l64, NULL));
     th_buf *ob = th_buf_in(ar), *lb = th_buf_in(ar);
-    a.out = th_new(ob, dt, 3, qs, TH_CONTIG, 0.0, 0.0);
+    a.out = th_new(ob, dt, 3, os, TH_CONTIG, 0.0, 0.0);
     a.softmax_lse = th_new(lb, FLASHC_DTYPE_FP32, 2, (int64_t[]){H, tq}, TH_CONTIG, 0.0, 0.0);
     th_store_dense(&a.out, o64);
     th_store_dense(&a.softmax_lse, l64);
@@ -209,7 +210,7 @@ static void vl_bwd_body(const vl_case *c, th_arena *ar) {
     th_buf *dqb = th_buf_in(ar), *dkb = th_buf_in(ar), *dvb = th_buf_in(ar);
     a.dq = th_new_out(dqb, dt, 3, qs, lay);
     a.dk = th_new_out(dkb, dt, 3, ks, lay);
-    a.dv = th_new_out(dvb, dt, 3, ks, lay);
+    a.dv = th_new_out(dvb, dt, 3, vs, lay);
 
     size_t bytes = 0;
     FC_ASSERT_OK(flashc_varlen_bwd_workspace_size(&a, &p, &bytes));
@@ -218,9 +219,9 @@ static void vl_bwd_body(const vl_case *c, th_arena *ar) {
     th_ws_free(ws, bytes);
     FC_ASSERT_OK(s);
 
-    int64_t nq = tq * H * D, nk = tk * Hk * D;
+    int64_t nq = tq * H * D, nk = tk * Hk * D, nv = tk * Hk * Dv;
     double *dq64 = th_dbl(ar, nq), *dqlp = th_dbl(ar, nq), *dk64 = th_dbl(ar, nk),
-           *dklp = th_dbl(ar, nk), *dv64 = th_dbl(ar, nk), *dvlp = th_dbl(ar, nk);
+           *dklp = th_dbl(ar, nk), *dv64 = th_dbl(ar, nv), *dvlp = th_dbl(ar, nv);
     FC_ASSERT_OK(fc_ref_varlen_bwd(&a, &p, FC_REF_F64, dq64, dk64, dv64));
     FC_ASSERT_OK(fc_ref_varlen_bwd(&a, &p, FC_REF_LOWP, dqlp, dklp, dvlp));
     th_check("dq", dt, &a.dq, dq64, dqlp);
@@ -375,12 +376,49 @@ FC_TEST_REGISTER(varlen_sweep) {
             c->threads = t;
         }
 
+    // ---- a value head dim Dv other than D: packed, seqused, paged; fwd and bwd ----
+    static const int dvs[6][2] = {{192, 128}, {128, 192}, {64, 32}, {72, 40}, {40, 72}, {7, 33}};
+    for (int i = 0; i < 24; i++) {
+        const int *g = gqa[i % 4];
+        int set = i < 16 && i % 4 == 2 ? 0 : i % 6 == 5 ? 1 : i % 5; /* seqused: set 0 */
+        c = vl_add(dts[i % 3], set, g[0], g[1], dvs[i % 6][0], vl_option(i));
+        c->Dv = dvs[i % 6][1];
+        c->layout = i % 4 == 3 ? VL_PADDED : VL_CONTIG;
+        if (i >= 16) {
+            c->bwd = 1;
+            continue;
+        }
+        c->probs = i % 3 == 1;
+        if (i % 4 == 1) c->page = i % 8 == 1 ? 3 : 16;
+        if (i % 4 == 2) {
+            c->seqused = 1;
+            memcpy(c->used, used[0], sizeof c->used);
+        }
+    }
+    for (int simd = 0; simd < FLASHC_SIMD_COUNT; simd++)
+        for (int t = 1; t <= 2; t++) {
+            c = vl_add(dts[simd % 3], 0, 4, 2, 192, vl_option(8 + simd));
+            c->Dv = 128;
+            c->page = 16;
+            c->simd = simd;
+            c->threads = t;
+            c = vl_add(dts[(simd + 1) % 3], 4, 4, 1, 40, vl_option(6 + t));
+            c->Dv = 72;
+            c->bwd = 1;
+            c->simd = simd;
+            c->threads = t;
+        }
+
     for (int i = 0; i < vl_ncases; i++) {
         const vl_case *k = &vl_cases[i];
         char name[320];
         size_t len =
             (size_t)snprintf(name, sizeof name, "varlen/%s/%s/d%d/h%d:%d/q", k->bwd ? "bwd" : "fwd",
                              flashc_dtype_name(k->dt), k->D, k->H, k->Hk);
+        if (k->Dv) {
+            len = strlen(name) - 2; /* before "/q" */
+            len += (size_t)snprintf(name + len, sizeof name - len, "/dv%d/q", k->Dv);
+        }
         for (int b = 0; b < k->nseq && len < sizeof name; b++)
             len += (size_t)snprintf(name + len, sizeof name - len, "%s%d", b ? "," : "", k->lq[b]);
         len += (size_t)snprintf(name + len, sizeof name - len, "/k");

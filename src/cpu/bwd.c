@@ -78,24 +78,24 @@ static const fc_bwd_tile_size fc_bwd_tile_table[] = {
 /* Regions of one thread's scratch (sizes 0 where the schedule needs none). */
 enum {
     FC_WS_K,      /* (Bc, D) Kj */
-    FC_WS_V,      /* (Bc, D) Vj */
+    FC_WS_V,      /* (Bc, Dv) Vj */
     FC_WS_P,      /* (Br, Bc) S, then P, then dS */
     FC_WS_DP,     /* (Br, Bc) P o Z, then dP */
     FC_WS_DTANH,  /* (Br, Bc) 1 - tanh^2 (softcap) */
     FC_WS_DROP,   /* (Br, Bc) dropout multipliers Z (0 or 1/(1-p)) */
     FC_WS_LSE,    /* (Br) lse of the tile's rows */
     FC_WS_DELTA,  /* (Br) Delta of the tile's rows */
-    FC_WS_Q,      /* fused: (Sq, D) Q of the head; two-pass: (Br, D) Qi */
-    FC_WS_DO,     /* fused: (Sq, D) dO of the head; two-pass: (Br, D) dOi */
+    FC_WS_Q,      /* fused: (Sq, D) Q of the head; two-pass: (Br, D) Qi; Delta: a row of O (Dv) */
+    FC_WS_DO,     /* fused: (Sq, Dv) dO of the head; two-pass: (Br, Dv) dOi */
     FC_WS_DQ,     /* fused: (Sq, D) dQ of the head; two-pass: (Br, D) dQi */
     FC_WS_DK,     /* fused: (Sk, D) dK of the KV head; two-pass: (Bc, D) dKj */
-    FC_WS_DV,     /* fused: (Sk, D) dV of the KV head; two-pass: (Bc, D) dVj */
+    FC_WS_DV,     /* fused: (Sk, Dv) dV of the KV head; two-pass: (Bc, Dv) dVj */
     FC_WS_COUNT
 };
 
 typedef struct fc_bwd_plan {
     int br, bc;          /* tile */
-    int64_t d, group;    /* D, G = H / Hk */
+    int64_t d, dv, group; /* D (q, k), Dv (v, out, dout), G = H / Hk */
     int64_t sq, sk;      /* longest query / key sequence */
     int threads;
     bool fused;
@@ -130,26 +130,34 @@ static bool fc_bwd_use_fused(const fc_attn *a, int threads) {
 static size_t fc_bwd_plan_make(const fc_attn *a, fc_bwd_plan *pl) {
     memset(pl, 0, sizeof *pl);
     int t = 0;
-    while (a->head_dim > fc_bwd_tile_table[t].max_d) t++;
+    int64_t dmax = a->head_dim > a->head_dim_v ? a->head_dim : a->head_dim_v;
+    while (dmax > fc_bwd_tile_table[t].max_d) t++;
     pl->br = fc_bwd_tile_table[t].br;
     pl->bc = fc_bwd_tile_table[t].bc;
     pl->d = a->head_dim;
+    pl->dv = a->head_dim_v;
     pl->group = a->kv_heads > 0 ? a->heads / a->kv_heads : 1;
     pl->sq = fc_bwd_longest(a, false);
     pl->sk = fc_bwd_longest(a, true);
     pl->threads = fc_cpu_num_threads();
     pl->fused = fc_bwd_use_fused(a, pl->threads);
 
-    size_t f = sizeof(float), d = (size_t)pl->d, br = (size_t)pl->br, bc = (size_t)pl->bc;
+    size_t f = sizeof(float), d = (size_t)pl->d, dv = (size_t)pl->dv;
+    size_t br = (size_t)pl->br, bc = (size_t)pl->bc;
     size_t rows_q = pl->fused ? (size_t)pl->sq : br, rows_k = pl->fused ? (size_t)pl->sk : bc;
     size_t sizes[FC_WS_COUNT];
-    sizes[FC_WS_K] = sizes[FC_WS_V] = bc * d * f;
+    sizes[FC_WS_K] = bc * d * f;
+    sizes[FC_WS_V] = bc * dv * f;
     sizes[FC_WS_P] = sizes[FC_WS_DP] = br * bc * f;
     sizes[FC_WS_DTANH] = a->softcap > 0.0f ? br * bc * f : 0;
     sizes[FC_WS_DROP] = a->dropout_p > 0.0f ? br * bc * f : 0;
     sizes[FC_WS_LSE] = sizes[FC_WS_DELTA] = br * f;
-    sizes[FC_WS_Q] = sizes[FC_WS_DO] = sizes[FC_WS_DQ] = rows_q * d * f;
-    sizes[FC_WS_DK] = sizes[FC_WS_DV] = rows_k * d * f;
+    /* Q also holds one row of out (Dv) in the Delta pass */
+    sizes[FC_WS_Q] = (rows_q > 1 ? rows_q : 1) * (d > dv ? d : dv) * f;
+    sizes[FC_WS_DQ] = rows_q * d * f;
+    sizes[FC_WS_DO] = (rows_q > 1 ? rows_q : 1) * dv * f;
+    sizes[FC_WS_DK] = rows_k * d * f;
+    sizes[FC_WS_DV] = rows_k * dv * f;
     pl->thread_bytes = fc_ws_layout(FC_WS_COUNT, sizes, pl->off);
 
     size_t outer[3] = {(size_t)(a->batch * a->heads * pl->sq) * f,
@@ -179,12 +187,12 @@ typedef struct fc_bwd_ctx {
 /* One thread's scratch (fp32, row-major; the (Br, Bc) tiles have leading
  * dimension Bc, the (rows, D) ones D). */
 typedef struct fc_bwd_scratch {
-    float *k, *v;           /* (Bc, D) */
+    float *k, *v;           /* (Bc, D), (Bc, Dv) */
     float *p, *dp, *dtanh;  /* (Br, Bc) */
     float *drop;            /* (Br, Bc) dropout multipliers Z */
     float *lse, *delta;     /* (Br) */
-    float *q, *dout, *dq;   /* (Sq or Br, D) */
-    float *dk, *dv;         /* (Sk or Bc, D) */
+    float *q, *dout, *dq;   /* (Sq or Br, D); dout: Dv */
+    float *dk, *dv;         /* (Sk or Bc, D); dv: Dv */
 } fc_bwd_scratch;
 
 static bool fc_bwd_scratch_get(fc_bwd_ctx *c, int thread, fc_bwd_scratch *s) {
@@ -227,27 +235,29 @@ static inline float *fc_bwd_delta_row(const fc_bwd_ctx *c, int64_t b, int64_t h)
     return c->delta + (b * c->a->heads + h) * c->pl.sq;
 }
 
-/* Rows [i0, i0 + n) of head h of q and dout as fp32, into q and dout (ld D). */
+/* Rows [i0, i0 + n) of head h of q and dout as fp32, into q (ld D) and dout
+ * (ld Dv). */
 static void fc_bwd_load_q(const fc_bwd_ctx *c, int64_t b, int64_t h, int64_t i0, int64_t n,
                           float *q, float *dout) {
     const fc_attn *a = c->a;
-    int d = (int)c->pl.d;
+    int d = (int)c->pl.d, dv = (int)c->pl.dv;
     for (int64_t r = 0; r < n; r++) {
-        float *qr = q + (size_t)r * d, *dor = dout + (size_t)r * d;
+        float *qr = q + (size_t)r * d, *dor = dout + (size_t)r * dv;
         c->ops->load(a->dtype, d, fc_bwd_qrow(c, &a->q, b, h, i0 + r), qr, 1.0f);
-        c->ops->load(a->dtype, d, fc_bwd_qrow(c, &a->dout, b, h, i0 + r), dor, 1.0f);
+        c->ops->load(a->dtype, dv, fc_bwd_qrow(c, &a->dout, b, h, i0 + r), dor, 1.0f);
     }
 }
 
-/* Key rows [j0, j0 + n) of KV head hk as fp32, into s->k and s->v. */
+/* Key rows [j0, j0 + n) of KV head hk as fp32, into s->k (ld D) and s->v
+ * (ld Dv). */
 static void fc_bwd_load_kv(const fc_bwd_ctx *c, const fc_bwd_scratch *s, int64_t b, int64_t hk,
                            int64_t j0, int n) {
     const fc_attn *a = c->a;
-    int d = (int)c->pl.d;
+    int d = (int)c->pl.d, dv = (int)c->pl.dv;
     for (int r = 0; r < n; r++) {
-        float *kr = s->k + (size_t)r * d, *vr = s->v + (size_t)r * d;
+        float *kr = s->k + (size_t)r * d, *vr = s->v + (size_t)r * dv;
         c->ops->load(a->dtype, d, fc_bwd_kvrow(c, &a->k, b, hk, j0 + r), kr, 1.0f);
-        c->ops->load(a->dtype, d, fc_bwd_kvrow(c, &a->v, b, hk, j0 + r), vr, 1.0f);
+        c->ops->load(a->dtype, dv, fc_bwd_kvrow(c, &a->v, b, hk, j0 + r), vr, 1.0f);
     }
 }
 
@@ -261,15 +271,17 @@ static void fc_bwd_store_dq(const fc_bwd_ctx *c, int64_t b, int64_t h, int64_t i
                       a->scale);
 }
 
-/* Store dK (times scale) and dV rows (n, D) as key rows [j0, j0 + n) of hk. */
+/* Store dK rows (n, D) times scale and dV rows (n, Dv) as key rows
+ * [j0, j0 + n) of hk. */
 static void fc_bwd_store_dkdv(const fc_bwd_ctx *c, int64_t b, int64_t hk, int64_t j0, int64_t n,
                               const float *dk, const float *dv) {
     const fc_attn *a = c->a;
-    int d = (int)c->pl.d;
+    int d = (int)c->pl.d, dvd = (int)c->pl.dv;
     for (int64_t r = 0; r < n; r++) {
-        size_t e = (size_t)r * d;
-        c->ops->store(a->dtype, d, dk + e, fc_bwd_kvrow(c, &a->dk, b, hk, j0 + r), a->scale);
-        c->ops->store(a->dtype, d, dv + e, fc_bwd_kvrow(c, &a->dv, b, hk, j0 + r), 1.0f);
+        c->ops->store(a->dtype, d, dk + (size_t)r * d, fc_bwd_kvrow(c, &a->dk, b, hk, j0 + r),
+                      a->scale);
+        c->ops->store(a->dtype, dvd, dv + (size_t)r * dvd, fc_bwd_kvrow(c, &a->dv, b, hk, j0 + r),
+                      1.0f);
     }
 }
 
@@ -290,7 +302,7 @@ static void fc_bwd_delta_task(void *ctx, int64_t task, int thread) {
     fc_bwd_scratch s;
     if (!fc_bwd_scratch_get(c, thread, &s)) return;
     int64_t b = task / a->heads, h = task % a->heads, sq = fc_seqlen_q(a, b);
-    int d = (int)c->pl.d;
+    int d = (int)c->pl.dv; /* dO_i . O_i over Dv */
     float *delta = fc_bwd_delta_row(c, b, h);
     for (int64_t i = 0; i < sq; i++) {
         c->ops->load(a->dtype, d, fc_bwd_qrow(c, &a->dout, b, h, i), s.dout, 1.0f);
@@ -434,11 +446,11 @@ static void fc_bwd_dscores(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const f
 
 /* Recompute S and P of the tile, then dP and dS (into s->p). q, dout: the
  * tile's rows (Br, D); s->k, s->v, s->lse, s->delta are loaded. With
- * dv != NULL, first dv (Bc, D) += (P o Z)^T dOi. */
+ * dv != NULL, first dv (Bc, Dv) += (P o Z)^T dOi (dout rows: Dv). */
 static void fc_bwd_tile_ds(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const fc_bwd_tile *t,
                            const float *q, const float *dout, float *dv) {
     const fc_simd_ops *ops = c->ops;
-    int d = (int)c->pl.d, ld = c->pl.bc, br = t->br, bc = t->bc;
+    int d = (int)c->pl.d, dvd = (int)c->pl.dv, ld = c->pl.bc, br = t->br, bc = t->bc;
     ops->gemm_nt(br, bc, d, q, d, s->k, d, s->p, ld, 0);
     fc_bwd_probs(c, s, t);
     if (dv) {
@@ -451,9 +463,9 @@ static void fc_bwd_tile_ds(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const f
             }
             pz = s->dp;
         }
-        ops->gemm_tn(bc, d, br, pz, ld, dout, d, dv, d, 1);
+        ops->gemm_tn(bc, dvd, br, pz, ld, dout, dvd, dv, dvd, 1);
     }
-    ops->gemm_nt(br, bc, d, dout, d, s->v, d, s->dp, ld, 0);
+    ops->gemm_nt(br, bc, dvd, dout, dvd, s->v, dvd, s->dp, ld, 0);
     fc_bwd_dscores(c, s, t);
 }
 
@@ -469,10 +481,11 @@ static void fc_bwd_fused_task(void *ctx, int64_t task, int thread) {
     int64_t hk = task % a->kv_heads;
     t.sq = fc_seqlen_q(a, t.b);
     t.sk = fc_seqlen_k(a, t.b);
-    int d = (int)c->pl.d, ld = c->pl.bc;
-    /* s.q, s.dout, s.dq: (sq, D) of head h; s.dk, s.dv: (sk, D) of hk */
+    int d = (int)c->pl.d, dvd = (int)c->pl.dv, ld = c->pl.bc;
+    /* s.q, s.dq: (sq, D) and s.dout: (sq, Dv) of head h; s.dk: (sk, D) and
+     * s.dv: (sk, Dv) of hk */
     memset(s.dk, 0, (size_t)t.sk * d * sizeof(float));
-    memset(s.dv, 0, (size_t)t.sk * d * sizeof(float));
+    memset(s.dv, 0, (size_t)t.sk * dvd * sizeof(float));
     for (int64_t g = 0; g < c->pl.group; g++) {
         t.h = hk * c->pl.group + g;
         fc_bwd_load_q(c, t.b, t.h, 0, t.sq, s.q, s.dout);
@@ -486,8 +499,8 @@ static void fc_bwd_fused_task(void *ctx, int64_t task, int thread) {
                 if (t.kind == FC_TILE_SKIP) continue;
                 if (!loaded) fc_bwd_load_kv(c, &s, t.b, hk, t.j0, t.bc);
                 loaded = true;
-                const float *q = s.q + (size_t)t.i0 * d, *dout = s.dout + (size_t)t.i0 * d;
-                float *dk = s.dk + (size_t)t.j0 * d, *dv = s.dv + (size_t)t.j0 * d;
+                const float *q = s.q + (size_t)t.i0 * d, *dout = s.dout + (size_t)t.i0 * dvd;
+                float *dk = s.dk + (size_t)t.j0 * d, *dv = s.dv + (size_t)t.j0 * dvd;
                 fc_bwd_load_stats(c, &s, t.b, t.h, t.i0, t.br);
                 fc_bwd_tile_ds(c, &s, &t, q, dout, dv);
                 ops->gemm_tn(t.bc, d, t.br, s.p, ld, q, d, dk, d, 1);
@@ -510,7 +523,7 @@ static void fc_bwd_dkdv_task(void *ctx, int64_t task, int thread) {
     if (!fc_bwd_scratch_get(c, thread, &s)) return;
     int64_t nbhk = a->batch * a->kv_heads, bhk = task % nbhk;
     int64_t hk = bhk % a->kv_heads;
-    int d = (int)c->pl.d, ld = c->pl.bc;
+    int d = (int)c->pl.d, dvd = (int)c->pl.dv, ld = c->pl.bc;
     fc_bwd_tile t;
     t.b = bhk / a->kv_heads;
     t.sq = fc_seqlen_q(a, t.b);
@@ -520,7 +533,7 @@ static void fc_bwd_dkdv_task(void *ctx, int64_t task, int thread) {
     t.bc = (int)(t.sk - t.j0 < ld ? t.sk - t.j0 : ld);
     fc_bwd_load_kv(c, &s, t.b, hk, t.j0, t.bc);
     memset(s.dk, 0, (size_t)t.bc * d * sizeof(float));
-    memset(s.dv, 0, (size_t)t.bc * d * sizeof(float));
+    memset(s.dv, 0, (size_t)t.bc * dvd * sizeof(float));
     for (int64_t g = 0; g < c->pl.group; g++) {
         t.h = hk * c->pl.group + g;
         for (t.i0 = 0; t.i0 < t.sq; t.i0 += c->pl.br) {

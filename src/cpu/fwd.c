@@ -106,7 +106,7 @@ enum {
 typedef struct fc_fwd_plan {
     int Br, Bc;
     int ldq;                 /* Br rounded up to 16: rows of Qi^T and S^T */
-    int ldd;                 /* D rounded up to 16: rows of Oi, Kj, Vj */
+    int ldd;                 /* max(D, Dv) rounded up to 16: rows of Oi, Kj, Vj */
     int dot;                 /* bf16 inputs on a path with bf16 dot products */
     size_t buf[FC_FWD_NBUF]; /* byte offsets inside one thread's scratch */
     size_t thread_bytes;     /* one thread's scratch, whole cache lines */
@@ -125,11 +125,13 @@ static int fc_fwd_use_dot(const fc_attn *a, const fc_simd_ops *ops) {
 /* Size and carving of the workspace, both from here. The size does not depend
  * on the SIMD path (bf16 problems always reserve the pair buffers). */
 static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_plan *p) {
-    fc_fwd_tiles t = fc_fwd_pick_tiles(a->head_dim);
+    /* Oi and Vj rows hold Dv, Kj rows D, and Qi rows pass through Oi */
+    int64_t dmax = a->head_dim > a->head_dim_v ? a->head_dim : a->head_dim_v;
+    fc_fwd_tiles t = fc_fwd_pick_tiles(dmax);
     p->Br = t.Br;
     p->Bc = t.Bc;
     p->ldq = (t.Br + 15) / 16 * 16;
-    p->ldd = (int)((a->head_dim + 15) / 16 * 16);
+    p->ldd = (int)((dmax + 15) / 16 * 16);
     p->dot = fc_fwd_use_dot(a, ops);
     size_t f = sizeof(float), D = (size_t)a->head_dim;
     size_t pairs = (size_t)(t.Bc + 1) / 2;
@@ -196,11 +198,11 @@ static int fc_fwd_packs_heads(const fc_attn *a, const fc_fwd_plan *p, int64_t sq
     return group > 1 && sq >= 1 && group * sq <= p->Br;
 }
 
-/* Rows j0 .. j0+nk-1 of operand v (k or v) of sequence b, kv head hk, as fp32
- * rows *ld apart: the operand itself when it is fp32 with evenly spaced rows
- * (not paged), else converted into buf. */
-static const float *fc_fwd_rows(const fc_fwd_ctx *x, const fc_view *v, const fc_fwd_tile *t,
-                                int64_t j0, int nk, float *buf, int *ld) {
+/* Rows j0 .. j0+nk-1 (dim elements each: D of k, Dv of v) of operand v (k or
+ * v) of sequence b, kv head hk, as fp32 rows *ld apart: the operand itself when
+ * it is fp32 with evenly spaced rows (not paged), else converted into buf. */
+static const float *fc_fwd_rows(const fc_fwd_ctx *x, const fc_view *v, int dim,
+                                const fc_fwd_tile *t, int64_t j0, int nk, float *buf, int *ld) {
     const fc_attn *a = x->a;
     size_t es = flashc_dtype_size(a->dtype);
     if (a->dtype == FLASHC_DTYPE_FP32 && !a->block_table && v->s_seq <= INT32_MAX) {
@@ -209,7 +211,7 @@ static const float *fc_fwd_rows(const fc_fwd_ctx *x, const fc_view *v, const fc_
     }
     for (int r = 0; r < nk; r++) {
         int64_t off = fc_kv_row(a, v, t->b, j0 + r) + t->hk * v->s_head;
-        x->ops->load(a->dtype, (int)a->head_dim, (const char *)v->ptr + off * (int64_t)es,
+        x->ops->load(a->dtype, dim, (const char *)v->ptr + off * (int64_t)es,
                      buf + (size_t)r * x->plan->ldd, 1.0f);
     }
     *ld = x->plan->ldd;
@@ -225,14 +227,14 @@ static void fc_fwd_prefetch_row(const char *p, size_t bytes) {
  * block sit a head stride apart, often a page each, out of reach of the
  * hardware prefetchers, and the loads of the next block would otherwise wait
  * on memory while the micro-kernels idle. */
-static void fc_fwd_prefetch(const fc_fwd_ctx *x, const fc_view *v, const fc_fwd_tile *t, int64_t j0,
-                            int nk) {
+static void fc_fwd_prefetch(const fc_fwd_ctx *x, const fc_view *v, int64_t dim, const fc_fwd_tile *t,
+                            int64_t j0, int nk) {
     const fc_attn *a = x->a;
     size_t es = flashc_dtype_size(a->dtype);
     for (int r = 0; r < nk; r++)
         fc_fwd_prefetch_row((const char *)v->ptr +
                                 (fc_kv_row(a, v, t->b, j0 + r) + t->hk * v->s_head) * (int64_t)es,
-                            (size_t)a->head_dim * es);
+                            (size_t)dim * es);
 }
 
 /* S^T of keys [j0, j0+nk) with softcap and ALiBi applied, masked where
@@ -254,7 +256,7 @@ static void fc_fwd_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
                              t->st, p->ldq, x->qmul, 0);
     } else {
         int ldk;
-        const float *k = fc_fwd_rows(x, &a->k, t, j0, nk, t->k, &ldk);
+        const float *k = fc_fwd_rows(x, &a->k, (int)a->head_dim, t, j0, nk, t->k, &ldk);
         x->ops->gemm_nn(nk, t->nq, (int)a->head_dim, k, ldk, t->qt, p->ldq, t->st, p->ldq, 0);
     }
     fc_score_mod mod = {
@@ -327,13 +329,13 @@ static void fc_fwd_pv_dot(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
                                  ? (const uint16_t *)a->v.ptr +
                                        fc_kv_row(a, &a->v, t->b, j0 + r + 1) + t->hk * a->v.s_head
                                  : NULL;
-        x->ops->pack_pairs(FLASHC_DTYPE_BF16, (int)a->head_dim, v0, v1,
+        x->ops->pack_pairs(FLASHC_DTYPE_BF16, (int)a->head_dim_v, v0, v1,
                            v2 + (size_t)(r / 2) * p->ldd);
         const float *s0 = t->st + (size_t)r * p->ldq;
         x->ops->pack_pairs(FLASHC_DTYPE_FP32, t->nq, s0, r + 1 < nk ? s0 + p->ldq : NULL,
                            t->p2 + (size_t)(r / 2) * p->ldq);
     }
-    x->ops->gemm_bf16_tn(t->nq, (int)a->head_dim, (nk + 1) / 2, t->p2, p->ldq, v2, p->ldd, t->o,
+    x->ops->gemm_bf16_tn(t->nq, (int)a->head_dim_v, (nk + 1) / 2, t->p2, p->ldq, v2, p->ldd, t->o,
                          p->ldd, 1.0f, 1);
 }
 
@@ -342,7 +344,7 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
     const fc_attn *a = x->a;
     const fc_fwd_plan *p = x->plan;
     const fc_simd_ops *ops = x->ops;
-    const int D = (int)a->head_dim, ldq = p->ldq, ldd = p->ldd;
+    const int D = (int)a->head_dim, Dv = (int)a->head_dim_v, ldq = p->ldq, ldd = p->ldd;
     const size_t es = flashc_dtype_size(a->dtype);
 
     /* sequence b: task0[b] <= task < task0[b+1] (empty sequences own no task) */
@@ -404,8 +406,8 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
                             (size_t)D * es);
     if (t.jlo < t.jhi) {
         int nk0 = (int)(t.jhi - t.jlo < p->Bc ? t.jhi - t.jlo : p->Bc);
-        fc_fwd_prefetch(x, &a->k, &t, t.jlo, nk0);
-        fc_fwd_prefetch(x, &a->v, &t, t.jlo, nk0);
+        fc_fwd_prefetch(x, &a->k, D, &t, t.jlo, nk0);
+        fc_fwd_prefetch(x, &a->v, Dv, &t, t.jlo, nk0);
     }
 
     if (p->dot) {
@@ -440,23 +442,23 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
         int edge = j0 < t.jlo_all || j0 + nk > t.jhi_all;
         int64_t j1 = j0 + p->Bc;
         int nk1 = (int)(t.jhi - j1 < p->Bc ? t.jhi - j1 : p->Bc);
-        if (nk1 > 0) fc_fwd_prefetch(x, &a->k, &t, j1, nk1);
+        if (nk1 > 0) fc_fwd_prefetch(x, &a->k, D, &t, j1, nk1);
         fc_fwd_scores(x, &t, j0, nk, edge);
         ops->softmax_cols(nk, t.nq, t.st, ldq, t.m, t.l, t.alpha);
         for (int c = 0; c < t.nq; c++)
-            if (t.alpha[c] != 1.0f) ops->scale(D, t.o + (size_t)c * ldd, t.alpha[c]);
+            if (t.alpha[c] != 1.0f) ops->scale(Dv, t.o + (size_t)c * ldd, t.alpha[c]);
         if (a->dropout_p > 0.0f)
             for (int g = 0; g < t.nh; g++)
                 ops->dropout_cols(nk, t.nqh, t.st + (size_t)g * t.nqh, ldq, a->seed, a->offset,
                                   (uint32_t)(t.b * a->heads + t.h + g), (uint32_t)t.i0, j0,
                                   x->sc.drop_threshold, x->sc.drop_scale);
-        if (nk1 > 0) fc_fwd_prefetch(x, &a->v, &t, j1, nk1);
+        if (nk1 > 0) fc_fwd_prefetch(x, &a->v, Dv, &t, j1, nk1);
         if (p->dot)
             fc_fwd_pv_dot(x, &t, j0, nk);
         else {
             int ldv;
-            const float *v = fc_fwd_rows(x, &a->v, &t, j0, nk, t.v, &ldv);
-            ops->gemm_tn(t.nq, D, nk, t.st, ldq, v, ldv, t.o, ldd, 1);
+            const float *v = fc_fwd_rows(x, &a->v, Dv, &t, j0, nk, t.v, &ldv);
+            ops->gemm_tn(t.nq, Dv, nk, t.st, ldq, v, ldv, t.o, ldd, 1);
         }
     }
 
@@ -482,7 +484,7 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
         }
         t.lse2[c] = (float)lse2;
         int64_t off = fc_q_row(a, &a->out, t.b, ic) + hc * a->out.s_head;
-        ops->store(a->dtype, D, t.o + (size_t)c * ldd, (char *)a->out.ptr + off * (int64_t)es,
+        ops->store(a->dtype, Dv, t.o + (size_t)c * ldd, (char *)a->out.ptr + off * (int64_t)es,
                    factor);
         if (a->lse) a->lse[fc_lse_index(a, t.b, hc, ic)] = (float)(lse2 * x->sc.ln2);
     }

@@ -52,6 +52,7 @@ static void fc_rotate_head(const fc_kvcache *kc, flashc_dtype dt, size_t esz, co
 static void fc_kv_append(const fc_kvcache *kc) {
     const fc_attn *a = &kc->attn;
     size_t esz = flashc_dtype_size(a->dtype), row_bytes = (size_t)a->head_dim * esz;
+    size_t v_row_bytes = (size_t)a->head_dim_v * esz; /* v rows hold Dv */
     for (int64_t b = 0; b < a->batch; b++) {
         int64_t j0 = kc->cache_seqlens[b] - (a->k_leftpad ? a->k_leftpad[b] : 0);
         for (int64_t t = 0; t < kc->seqlen_new; t++) {
@@ -67,7 +68,7 @@ static void fc_kv_append(const fc_kvcache *kc) {
                     fc_rotate_head(kc, a->dtype, esz, kx, ky, kc->cache_seqlens[b] + t);
                 else
                     memmove(ky, kx, row_bytes);
-                memmove(vy, vx, row_bytes);
+                memmove(vy, vx, v_row_bytes);
             }
         }
     }

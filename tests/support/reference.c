@@ -37,6 +37,7 @@ typedef struct fc_ref_ctx {
     bool lowp;
     flashc_dtype dt;
     int64_t H, Hk, D;
+    int64_t Dv;         /* head dim of v, out, dout, dv (D when 0 is given) */
     double scale;       /* softmax_scale, or 1/sqrt(D) */
     double softcap;     /* 0 = off */
     int64_t wl, wr;     /* window; < 0 unbounded; causal folded into wr = 0 */
@@ -77,6 +78,7 @@ static void fc_ref_ctx_init(fc_ref_ctx *c, const flashc_params *p, fc_ref_mode m
     c->H = H;
     c->Hk = Hk;
     c->D = D;
+    c->Dv = D; /* the problem builders set v's own */
     c->scale = p->softmax_scale > 0.0f || p->scale_given ? (double)p->softmax_scale
                                                          : 1.0 / sqrt((double)D);
     c->scale = fc_ref_f32(c, c->scale);
@@ -156,7 +158,7 @@ static int64_t fc_ref_int(const flashc_tensor *t, int64_t i) {
 typedef struct fc_ref_head {
     int64_t b, h, sq, sk;
     const double *q;    /* [sq, D] */
-    const double *k, *v;/* [sk, D] */
+    const double *k, *v;/* [sk, D], [sk, Dv] */
     double slope;       /* ALiBi, 0 = off */
     double sink;        /* learnable sink logit, -inf = none */
 } fc_ref_head;
@@ -167,7 +169,7 @@ typedef struct fc_ref_scratch {
     double *dcap;       /* [sk_max] d(softcapped score)/d(scaled score) = 1 - tanh^2 */
     double *dp;         /* [sk_max] backward: dP, then dS */
     unsigned char *keep;/* [sk_max] dropout: 1 = kept */
-    double *acc;        /* [D] */
+    double *acc;        /* [max(D, Dv)] */
 } fc_ref_scratch;
 
 static bool fc_ref_visible(const fc_ref_ctx *c, int64_t sq, int64_t sk, int64_t i, int64_t j) {
@@ -227,10 +229,10 @@ static double fc_ref_row(const fc_ref_ctx *c, const fc_ref_head *hd, int64_t i,
     return fc_ref_f32(c, m + fc_ref_f32(c, log(l)));
 }
 
-/* Output row of the probabilities in w (after fc_ref_row) into w->acc [D]:
+/* Output row of the probabilities in w (after fc_ref_row) into w->acc [Dv]:
  * sum over kept j of P_ij V_j / (1 - p), rounded to the dtype in LOWP. */
 static void fc_ref_out_row(const fc_ref_ctx *c, const fc_ref_head *hd, fc_ref_scratch *w) {
-    const int64_t D = c->D;
+    const int64_t D = c->Dv;
     for (int64_t d = 0; d < D; d++) w->acc[d] = 0.0;
     for (int64_t j = 0; j < hd->sk; j++) {
         double pj = w->p[j];
@@ -255,20 +257,20 @@ static void fc_ref_head_fwd(const fc_ref_ctx *c, const fc_ref_head *hd, fc_ref_s
                 probs[i * probs_ld + j] = w->keep[j] ? w->p[j] : -w->p[j];
         if (!out) continue;
         fc_ref_out_row(c, hd, w);
-        memcpy(out + i * out_ld, w->acc, (size_t)c->D * sizeof(double));
+        memcpy(out + i * out_ld, w->acc, (size_t)c->Dv * sizeof(double));
     }
 }
 
-/* Backward of one head: dq [sq, D] written, dk and dv [sk, D] accumulated
+/* Backward of one head: dq [sq, D] written, dk [sk, D] and dv [sk, Dv] accumulated
  * (fp32 sums in LOWP); the caller applies the scale to dk and rounds. With a
  * sink, *dsink (double) accumulates -sum_i e^{s - lse_i} D_i. */
 static void fc_ref_head_bwd(const fc_ref_ctx *c, const fc_ref_head *hd, fc_ref_scratch *w,
                             const double *dout, double *dq, double *dk, double *dv,
                             double *dsink) {
-    const int64_t D = c->D, sk = hd->sk;
+    const int64_t D = c->D, Dv = c->Dv, sk = hd->sk;
     for (int64_t i = 0; i < hd->sq; i++) {
         double *dqi = dq + i * D;
-        const double *qi = hd->q + i * D, *doi = dout + i * D;
+        const double *qi = hd->q + i * D, *doi = dout + i * Dv;
         double lse = fc_ref_row(c, hd, i, w);
         if (lse == -INFINITY) {
             for (int64_t d = 0; d < D; d++) dqi[d] = 0.0;
@@ -281,13 +283,13 @@ static void fc_ref_head_bwd(const fc_ref_ctx *c, const fc_ref_head *hd, fc_ref_s
         for (int64_t j = 0; j < sk; j++) {
             double dp = 0.0;
             if (w->keep[j] && w->p[j] != 0.0)
-                dp = fc_ref_rnd(c, fc_ref_f32(c, fc_ref_dot(c, doi, hd->v + j * D, D) * c->rp));
+                dp = fc_ref_rnd(c, fc_ref_f32(c, fc_ref_dot(c, doi, hd->v + j * Dv, Dv) * c->rp));
             w->dp[j] = dp;
             di += w->p[j] * dp;
         }
         if (c->lowp) {
             fc_ref_out_row(c, hd, w);
-            di = fc_ref_dot(c, doi, w->acc, D);
+            di = fc_ref_dot(c, doi, w->acc, Dv);
         }
         if (hd->sink != -INFINITY) *dsink -= fc_ref_f32(c, exp(fc_ref_f32(c, hd->sink - lse))) * di;
         /* dS = P * (dP - D_i), through the softcap's tanh' */
@@ -301,14 +303,14 @@ static void fc_ref_head_bwd(const fc_ref_ctx *c, const fc_ref_head *hd, fc_ref_s
             double ds = w->dp[j],
                    pd = w->keep[j] ? fc_ref_rnd(c, fc_ref_f32(c, w->p[j] * c->rp)) : 0.0;
             const double *kj = hd->k + j * D;
-            double *dkj = dk + j * D, *dvj = dv + j * D;
+            double *dkj = dk + j * D, *dvj = dv + j * Dv;
             if (ds != 0.0)
                 for (int64_t d = 0; d < D; d++) {
                     w->acc[d] = fc_ref_f32(c, w->acc[d] + fc_ref_f32(c, ds * kj[d]));
                     dkj[d] = fc_ref_f32(c, dkj[d] + fc_ref_f32(c, ds * qi[d]));
                 }
             if (pd != 0.0)
-                for (int64_t d = 0; d < D; d++)
+                for (int64_t d = 0; d < Dv; d++)
                     dvj[d] = fc_ref_f32(c, dvj[d] + fc_ref_f32(c, pd * doi[d]));
         }
         for (int64_t d = 0; d < D; d++) dqi[d] = fc_ref_rnd(c, fc_ref_f32(c, c->scale * w->acc[d]));
@@ -376,10 +378,9 @@ static void fc_ref_rotate(const fc_ref_prob *pr, double *x, int64_t pos) {
     }
 }
 
-/* Q [sq, D] of sequence b, head h (rotated in kvcache). */
+/* Q [sq, D] (or dout [sq, Dv]: D given) of sequence b, head h (rotated in kvcache). */
 static void fc_ref_load_q(const fc_ref_prob *pr, const flashc_tensor *t, int64_t b, int64_t h,
-                          int64_t sq, bool rotate, double *q) {
-    const int64_t D = pr->c.D;
+                          int64_t sq, bool rotate, int64_t D, double *q) {
     fc_ref_gather(t, &pr->qrows, b, 0, sq, h, D, q);
     if (!rotate) return;
     int64_t cs = fc_ref_cache_seqlen(pr, b);
@@ -387,27 +388,27 @@ static void fc_ref_load_q(const fc_ref_prob *pr, const flashc_tensor *t, int64_t
         fc_ref_rotate(pr, q + i * D, cs + (pr->rotary_per_row ? i : 0));
 }
 
-/* K, V [sk, D] of sequence b, KV head hk. kvcache: the cache rows leftpad ..
+/* K [sk, D], V [sk, Dv] of sequence b, KV head hk. kvcache: the cache rows leftpad ..
  * cache_seqlens-1 as they are now, then k_new (rotated; also written to
  * k_new_rot when not NULL) and v_new. */
 static void fc_ref_load_kv(const fc_ref_prob *pr, int64_t b, int64_t hk, int64_t sk, double *k,
                            double *v, double *k_new_rot) {
-    const int64_t D = pr->c.D;
+    const int64_t D = pr->c.D, Dv = pr->c.Dv;
     if (!pr->kv) {
         fc_ref_gather(pr->k, &pr->krows, b, 0, sk, hk, D, k);
-        fc_ref_gather(pr->v, &pr->krows, b, 0, sk, hk, D, v);
+        fc_ref_gather(pr->v, &pr->krows, b, 0, sk, hk, Dv, v);
         return;
     }
     const flashc_kvcache_args *a = pr->kv;
     int64_t lp = fc_ref_leftpad(pr, b), cs = fc_ref_cache_seqlen(pr, b), sn = fc_ref_new_rows(pr);
     int64_t nc = cs - lp; /* cache rows that are keys */
     fc_ref_gather(&a->k_cache, &pr->krows, b, lp, nc, hk, D, k);
-    fc_ref_gather(&a->v_cache, &pr->krows, b, lp, nc, hk, D, v);
+    fc_ref_gather(&a->v_cache, &pr->krows, b, lp, nc, hk, Dv, v);
     if (sn == 0) return;
     fc_ref_rows nrows = {FC_REF_BATCHED, NULL, NULL, NULL, 0, 0};
     double *kn = k + nc * D;
     fc_ref_gather(&a->k_new, &nrows, b, 0, sn, hk, D, kn);
-    fc_ref_gather(&a->v_new, &nrows, b, 0, sn, hk, D, v + nc * D);
+    fc_ref_gather(&a->v_new, &nrows, b, 0, sn, hk, Dv, v + nc * Dv);
     if (a->rotary_cos.data)
         for (int64_t t = 0; t < sn; t++) fc_ref_rotate(pr, kn + t * D, cs + t);
     if (k_new_rot)
@@ -433,7 +434,8 @@ static void fc_ref_bufs_free(fc_ref_bufs *m) {
 
 static flashc_status fc_ref_bufs_alloc(const fc_ref_prob *pr, bool bwd, fc_ref_bufs *m) {
     memset(m, 0, sizeof *m);
-    int64_t sq_max = 1, sk_max = 1, D = pr->c.D;
+    /* every buffer holds rows of max(D, Dv) */
+    int64_t sq_max = 1, sk_max = 1, D = pr->c.D > pr->c.Dv ? pr->c.D : pr->c.Dv;
     for (int64_t b = 0; b < pr->B; b++) {
         int64_t sq, sk;
         fc_ref_lens(pr, b, &sq, &sk);
@@ -476,7 +478,7 @@ static int64_t fc_ref_krow(const fc_ref_prob *pr, int64_t b, int64_t j) {
 static flashc_status fc_ref_run_fwd(const fc_ref_prob *pr, double *out, double *lse,
                                     double *probs, double *k_new_rot) {
     const fc_ref_ctx *c = &pr->c;
-    const int64_t H = c->H, Hk = c->Hk, D = c->D, G = H / Hk;
+    const int64_t H = c->H, Hk = c->Hk, D = c->Dv, G = H / Hk; /* out: [rows_q, H, Dv] */
     if (out)
         for (int64_t i = 0; i < pr->rows_q * H * D; i++) out[i] = 0.0;
     if (lse)
@@ -492,7 +494,7 @@ static flashc_status fc_ref_run_fwd(const fc_ref_prob *pr, double *out, double *
         for (int64_t hk = 0; hk < Hk; hk++) {
             fc_ref_load_kv(pr, b, hk, sk, m.k, m.v, k_new_rot);
             for (int64_t h = hk * G; h < (hk + 1) * G; h++) {
-                fc_ref_load_q(pr, pr->q, b, h, sq, rotate, m.q);
+                fc_ref_load_q(pr, pr->q, b, h, sq, rotate, c->D, m.q);
                 fc_ref_head hd = {b,   h,   sq,  sk,
                                   m.q, m.k, m.v, fc_ref_f32(c, fc_ref_slope(c, b, h)),
                                   fc_ref_sink(c, h)};
@@ -513,13 +515,13 @@ static flashc_status fc_ref_run_fwd(const fc_ref_prob *pr, double *out, double *
 static flashc_status fc_ref_run_bwd(const fc_ref_prob *pr, const flashc_tensor *dout, double *dq,
                                     double *dk, double *dv, double *dsink) {
     const fc_ref_ctx *c = &pr->c;
-    const int64_t H = c->H, Hk = c->Hk, D = c->D, G = H / Hk;
+    const int64_t H = c->H, Hk = c->Hk, D = c->D, Dv = c->Dv, G = H / Hk;
     if (dq)
         for (int64_t i = 0; i < pr->rows_q * H * D; i++) dq[i] = 0.0;
     if (dk)
         for (int64_t i = 0; i < pr->rows_k * Hk * D; i++) dk[i] = 0.0;
     if (dv)
-        for (int64_t i = 0; i < pr->rows_k * Hk * D; i++) dv[i] = 0.0;
+        for (int64_t i = 0; i < pr->rows_k * Hk * Dv; i++) dv[i] = 0.0;
     if (dsink)
         for (int64_t h = 0; h < H; h++) dsink[h] = 0.0;
     double dsink_unused = 0.0;
@@ -530,11 +532,13 @@ static flashc_status fc_ref_run_bwd(const fc_ref_prob *pr, const flashc_tensor *
         fc_ref_lens(pr, b, &sq, &sk);
         for (int64_t hk = 0; hk < Hk; hk++) {
             fc_ref_load_kv(pr, b, hk, sk, m.k, m.v, NULL);
-            for (int64_t e = 0; e < sk * D; e++) m.dkg[e] = m.dvg[e] = 0.0;
+            for (int64_t e = 0; e < sk * D; e++) m.dkg[e] = 0.0;
+            for (int64_t e = 0; e < sk * Dv; e++) m.dvg[e] = 0.0;
             for (int64_t h = hk * G; h < (hk + 1) * G; h++) {
-                fc_ref_load_q(pr, pr->q, b, h, sq, false, m.q);
-                fc_ref_load_q(pr, dout, b, h, sq, false, m.dout);
-                for (int64_t e = 0; e < sk * D; e++) m.dk1[e] = m.dv1[e] = 0.0;
+                fc_ref_load_q(pr, pr->q, b, h, sq, false, D, m.q);
+                fc_ref_load_q(pr, dout, b, h, sq, false, Dv, m.dout);
+                for (int64_t e = 0; e < sk * D; e++) m.dk1[e] = 0.0;
+                for (int64_t e = 0; e < sk * Dv; e++) m.dv1[e] = 0.0;
                 fc_ref_head hd = {b,   h,   sq,  sk,
                                   m.q, m.k, m.v, fc_ref_f32(c, fc_ref_slope(c, b, h)),
                                   fc_ref_sink(c, h)};
@@ -545,18 +549,20 @@ static flashc_status fc_ref_run_bwd(const fc_ref_prob *pr, const flashc_tensor *
                         memcpy(dq + (fc_ref_qrow(pr, b, i) * H + h) * D, m.dq + i * D,
                                (size_t)D * sizeof(double));
                 /* each head's dK, dV rounded as a GEMM result, summed over the group */
-                for (int64_t e = 0; e < sk * D; e++) {
+                for (int64_t e = 0; e < sk * D; e++)
                     m.dkg[e] =
                         fc_ref_f32(c, m.dkg[e] + fc_ref_rnd(c, fc_ref_f32(c, c->scale * m.dk1[e])));
+                for (int64_t e = 0; e < sk * Dv; e++)
                     m.dvg[e] = fc_ref_f32(c, m.dvg[e] + fc_ref_rnd(c, m.dv1[e]));
-                }
             }
-            for (int64_t j = 0; j < sk; j++)
-                for (int64_t d = 0; d < D; d++) {
-                    int64_t o = (fc_ref_krow(pr, b, j) * Hk + hk) * D + d;
-                    if (dk) dk[o] = fc_ref_rnd(c, m.dkg[j * D + d]);
-                    if (dv) dv[o] = fc_ref_rnd(c, m.dvg[j * D + d]);
-                }
+            for (int64_t j = 0; j < sk; j++) {
+                int64_t r = fc_ref_krow(pr, b, j) * Hk + hk;
+                if (dk)
+                    for (int64_t d = 0; d < D; d++) dk[r * D + d] = fc_ref_rnd(c, m.dkg[j * D + d]);
+                if (dv)
+                    for (int64_t d = 0; d < Dv; d++)
+                        dv[r * Dv + d] = fc_ref_rnd(c, m.dvg[j * Dv + d]);
+            }
         }
     }
     fc_ref_bufs_free(&m);
@@ -576,6 +582,7 @@ static void fc_ref_prob_batched(fc_ref_prob *pr, const flashc_params *p, fc_ref_
     pr->Sq = q->shape[1];
     pr->Sk = k->shape[1];
     pr->rows_q = pr->B * pr->Sq;
+    pr->c.Dv = v->shape[3];
     pr->q = q;
     pr->k = k;
     pr->v = v;
@@ -596,6 +603,7 @@ static void fc_ref_prob_varlen(fc_ref_prob *pr, const flashc_params *p, fc_ref_m
     pr->cu_q = (const int32_t *)cu_seqlens_q->data;
     pr->cu_k = (const int32_t *)cu_seqlens_k->data;
     pr->rows_q = q->shape[0];
+    pr->c.Dv = v->shape[v->ndim - 1];
     pr->q = q;
     pr->k = k;
     pr->v = v;
@@ -680,6 +688,7 @@ flashc_status fc_ref_kvcache(const flashc_kvcache_args *a, const flashc_params *
     fc_ref_ctx_init(&pr.c, p, mode, a->q.dtype, a->q.shape[2], a->k_cache.shape[2],
                     a->q.shape[3], &a->alibi_slopes, false);
     pr.c.sink = &a->sink;
+    pr.c.Dv = a->v_cache.shape[3];
     pr.B = a->q.shape[0];
     pr.Sq = a->q.shape[1];
     pr.rows_q = pr.B * pr.Sq;

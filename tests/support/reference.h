@@ -33,22 +33,25 @@ extern "C" {
 
 typedef enum { FC_REF_F64 = 0, FC_REF_LOWP = 1 } fc_ref_mode;
 
-/* out [B, Sq, H, D], lse [B, H, Sq] (-inf for a row with no visible key),
+/* Dv is v's head dim (the last dim of v, v_cache, out, dout, dv), D that of q
+ * and k; the default scale is 1/sqrt(D).
+ *
+ * out [B, Sq, H, Dv], lse [B, H, Sq] (-inf for a row with no visible key),
  * probs [B, H, Sq, Sk] (softmax before dropout, negated where dropped) */
 flashc_status fc_ref_fwd(const flashc_fwd_args *a, const flashc_params *p, fc_ref_mode mode,
                          double *out, double *lse, double *probs);
 
-/* out [total_q, H, D], lse [H, total_q], probs [B, H, max_seqlen_q, max_seqlen_k]
+/* out [total_q, H, Dv], lse [H, total_q], probs [B, H, max_seqlen_q, max_seqlen_k]
  * (0 outside each sequence's lengths). Honours seqused_k and block_table. */
 flashc_status fc_ref_varlen_fwd(const flashc_varlen_fwd_args *a, const flashc_params *p,
                                 fc_ref_mode mode, double *out, double *lse, double *probs);
 
-/* dq [B, Sq, H, D], dk and dv [B, Sk, Hk, D]. Uses a->softmax_lse only for its
+/* dq [B, Sq, H, D], dk [B, Sk, Hk, D], dv [B, Sk, Hk, Dv]. Uses a->softmax_lse only for its
  * shape: the reference recomputes the softmax itself. */
 flashc_status fc_ref_bwd(const flashc_bwd_args *a, const flashc_params *p, fc_ref_mode mode,
                          double *dq, double *dk, double *dv);
 
-/* dq [total_q, H, D], dk and dv [total_k, Hk, D] */
+/* dq [total_q, H, D], dk [total_k, Hk, D], dv [total_k, Hk, Dv] */
 flashc_status fc_ref_varlen_bwd(const flashc_varlen_bwd_args *a, const flashc_params *p,
                                 fc_ref_mode mode, double *dq, double *dk, double *dv);
 
@@ -61,7 +64,7 @@ flashc_status fc_ref_varlen_bwd_dsink(const flashc_varlen_bwd_args *a, const fla
 
 /* The decode entry point, computed from the caches as they are BEFORE the call
  * (call the reference first: flashc_fwd_kvcache appends in place).
- * out [B, Sq, H, D], lse [B, H, Sq], k_new_rot [B, S_new, Hk, D] (k_new after
+ * out [B, Sq, H, Dv], lse [B, H, Sq], k_new_rot [B, S_new, Hk, D] (k_new after
  * rotary, the rows the append must write; v_new is written as is). */
 flashc_status fc_ref_kvcache(const flashc_kvcache_args *a, const flashc_params *p,
                              fc_ref_mode mode, double *out, double *lse, double *k_new_rot);
