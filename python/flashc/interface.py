@@ -162,13 +162,14 @@ def _empty(shape, like, dtype=None):
 
 
 def _no_work(q, k, v, batched):
-    """True if q, k, v agree in head dim, KV heads (and batch) but some of them hold
-    no elements: nothing for the library to compute. A mismatch goes on to the
-    library, which names it."""
+    """True if q and k agree in head dim, q, k, v in KV heads (and batch), but some of
+    them hold no elements: nothing for the library to compute. v's head dim (Dv) may
+    differ from q's and k's. A mismatch goes on to the library, which names it."""
     if q.numel() and k.numel() and v.numel():
         return False
     d, hk = q.shape[-1], k.shape[-2]
-    return (d > 0 and hk > 0 and k.shape[-1] == d and v.shape == k.shape and
+    return (d > 0 and hk > 0 and k.shape[-1] == d and v.shape[-1] > 0 and
+            v.shape[:-1] == k.shape[:-1] and
             q.shape[-2] % hk == 0 and (not batched or q.shape[0] == k.shape[0]))
 
 
@@ -191,7 +192,8 @@ def _no_grads(dq, dk, dv, dsink=None):
 
 
 # ---- the C entry points as ops ----
-# q: [B, Sq, H, D]  k, v: [B, Sk, Hk, D]  out: [B, Sq, H, D]  lse: [B, H, Sq] fp32
+# q: [B, Sq, H, D]  k: [B, Sk, Hk, D]  v: [B, Sk, Hk, Dv]  out: [B, Sq, H, Dv]
+# lse: [B, H, Sq] fp32 (Dv, v's head dim, may differ from D)
 # probs: fp32 [B, H, Sq, Sk] when return_probs, else [0]
 # deterministic (both forward ops): read only by their registered backward (_op_backward)
 @_op("fwd")
@@ -217,12 +219,12 @@ def _fwd_fake(q, k, v, alibi_slopes, dropout_p, softmax_scale, causal, window_le
               learnable_sink=None):
     b, sq, h, _ = q.shape
     probs = (b, h, sq, k.shape[1]) if return_probs else (0,)
-    return _empty(q.shape, q), _empty((b, h, sq), q, torch.float32), \
+    return _empty((b, sq, h, v.shape[-1]), q), _empty((b, h, sq), q, torch.float32), \
         _empty(probs, q, torch.float32)
 
 
-# q: [total_q, H, D]  k, v: [total_k, Hk, D] or paged [blocks, page, Hk, D]
-# seqused_k: int32 [B] or None  out: [total_q, H, D]  lse: [H, total_q]
+# q: [total_q, H, D]  k, v: [total_k, Hk, D or Dv] or paged [blocks, page, Hk, D or Dv]
+# seqused_k: int32 [B] or None  out: [total_q, H, Dv]  lse: [H, total_q]
 # probs: [B, H, max_seqlen_q, max_seqlen_k] or [0]
 @_op("varlen_fwd")
 def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
@@ -255,11 +257,11 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                      deterministic=False, learnable_sink=None):
     total, h, _ = q.shape
     probs = (cu_seqlens_q.shape[0] - 1, h, max_seqlen_q, max_seqlen_k) if return_probs else (0,)
-    return _empty(q.shape, q), _empty((h, total), q, torch.float32), \
+    return _empty((total, h, v.shape[-1]), q), _empty((h, total), q, torch.float32), \
         _empty(probs, q, torch.float32)
 
 
-# shapes as _fwd; dq, dk, dv (like q, k, v) are written in place, and dsink (fp32 [H],
+# shapes as _fwd (dout like out); dq, dk, dv (like q, k, v) are written in place, and dsink (fp32 [H],
 # only with learnable_sink) when given
 @_op("bwd", mutates_args=("dq", "dk", "dv", "dsink"))
 def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,
@@ -298,8 +300,8 @@ def _varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
          **_mask_params(dropout_p, softmax_scale, causal, window_left, window_right, softcap))
 
 
-# q: [B, Sq, H, D]  k_cache, v_cache: [B_c, S_c, Hk, D] or paged, updated in place
-# out: [B, Sq, H, D]  lse: [B, H, Sq] fp32
+# q: [B, Sq, H, D]  k_cache, v_cache: [B_c, S_c, Hk, D or Dv] or paged, updated in place
+# (k, v: [B, S_new, Hk, D or Dv])  out: [B, Sq, H, Dv]  lse: [B, H, Sq] fp32
 @_op("fwd_kvcache", mutates_args=("k_cache", "v_cache"))
 def _fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
                  v: Optional[Tensor], rotary_cos: Optional[Tensor],
@@ -332,7 +334,7 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_s
                       softmax_scale, causal, window_left, window_right, softcap,
                       rotary_interleaved, num_splits, learnable_sink=None):
     b, sq, h, _ = q.shape
-    return _empty(q.shape, q), _empty((b, h, sq), q, torch.float32)
+    return _empty((b, sq, h, v_cache.shape[-1]), q), _empty((b, h, sq), q, torch.float32)
 
 
 # ---- dropout RNG ----
@@ -614,7 +616,9 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
 
 
 flash_attn_func.__doc__ = """Attention of q (batch, seqlen_q, nheads, headdim) over k, v
-    (batch, seqlen_k, nheads_k, headdim), nheads % nheads_k == 0 (MQA/GQA).""" + _COMMON_DOC
+    (batch, seqlen_k, nheads_k, headdim), nheads % nheads_k == 0 (MQA/GQA). v's head dim
+    may differ from q's and k's (DeepSeek MLA: 192 and 128; here and in the varlen and
+    kvcache functions, CPU tensors only for now): out then has v's.""" + _COMMON_DOC
 flash_attn_qkvpacked_func.__doc__ = """flash_attn_func on qkv (batch, seqlen, 3, nheads,
     headdim); the gradient is one (batch, seqlen, 3, nheads, headdim) tensor.""" + _COMMON_DOC
 flash_attn_kvpacked_func.__doc__ = """flash_attn_func on q and kv (batch, seqlen_k, 2,
@@ -644,7 +648,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_seqlens[b]). cache_seqlens: int or int32 (batch,), rows in use;
     cache_batch_idx: int32 (batch,), cache row of each batch entry; cache_leftpad: int32
     (batch,), first key row of each. learnable_sink: fp32 (nheads,), as flash_attn_func's.
-    No backward. Returns out, or (out, softmax_lse) with return_softmax_lse."""
+    v_cache and v may have a head dim other than q's (out has it). No backward. Returns out, or (out, softmax_lse) with return_softmax_lse."""
     fn = "flash_attn_with_kvcache"
     _rank(fn, "q", q, {4: _BSHD})
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
