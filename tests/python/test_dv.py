@@ -227,3 +227,16 @@ def test_opcheck_fwd_kvcache(paged):
         kc, vc = rand(3, 10, hk, d, seed=14), rand(3, 10, hk, dv, seed=15)
     opcheck("fwd_kvcache", (q, kc, vc, k_new, v_new, None, None, seqlens, None, None, table,
                             None, None, True, -1, -1, 0.0, True, 0))
+
+
+@pytest.mark.parametrize("dims", [(24, 8), (8, 24)], ids=lambda p: "d%d-dv%d" % p)
+def test_learnable_sink(dims):
+    """A learnable sink with Dv != D: out and the gradients of q, k, v."""
+    d, dv = dims
+    sink = rand(4, seed=8)
+    q, k, v = rand(2, 9, 4, d, seed=1), rand(2, 7, 2, d, seed=2), rand(2, 7, 2, dv, seed=3)
+    check_fwd_bwd(
+        lambda q, k, v: flashc.flash_attn_func(q, k, v, causal=True, learnable_sink=sink),
+        lambda q, k, v, lowp: ref_attention(q, k, v, causal=True, lowp=lowp,
+                                            sink=sink.double() if not lowp else sink),
+        [q, k, v], torch.float32, names="qkv")
