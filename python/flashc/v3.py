@@ -64,8 +64,16 @@ deterministic by keyword):
                          max_seqlen_q=None, max_seqlen_k=None, dq=None, dk=None, dv=None,
                          softmax_scale=None, is_causal=False, window_size_left=-1,
                          window_size_right=-1, softcap=0.0, deterministic=False,
-                         sm_margin=0, *, causal=None, window_size=None)
-        -> softmax_d
+                         sm_margin=0, *, causal=None, window_size=None, returns=None)
+        -> softmax_d, or (dq, dk, dv, softmax_d) with returns="grads"
+
+Both run torch.library custom ops (torch >= 2.4), as FA3's flash_attn_3:: ops are:
+flashc::v3_fwd (the batched and varlen forwards, their backward registered, so out is
+differentiable) and flashc::v3_bwd (01afd16's backward list, dq, dk, dv declared mutated),
+with fake implementations, so torch.compile(fullgraph=True) and torch.export trace a call
+as one op even where flashc gathers rows by seqused; the KV-cache forward is
+flashc::fwd_kvcache (the caches declared mutated), and out_ is written by out_.copy_(out)
+after the op, which torch traces (FA3's fake raises for out_ under tracing).
 
 What flashc does with FA3's arguments:
 - window_size: a pair whose sides are ints (negative: unbounded) or None (unbounded, the
@@ -104,7 +112,13 @@ What flashc does with FA3's arguments:
   (FA3's depends on its kernel): (batch, nheads, round_up(seqlen_q, 128)), varlen
   (nheads, round_up(total_q + 128 batch, 128)) with sequence b from column
   round_down(cu_seqlens_q[b] + 128 b, 128), 0 in the padding; flashc computes it in torch.
-  FA3 releases before 01afd16 returned (dq, dk, dv, softmax_d) from the backward.
+  The backward's return: FA3 from 01afd16 returns softmax_d alone, its releases before
+  returned (dq, dk, dv, softmax_d) (the same positional list but for causal in is_causal's
+  place and a pair window_size in place of window_size_left, window_size_right, which
+  flashc takes by keyword only). returns="grads" (a call) or BACKWARD_RETURNS = "grads"
+  (the module, for code that unpacks four values) gives the four-tuple, dq, dk, dv being
+  the caller's tensors or, for None, the allocated ones; Transformer Engine passes its own
+  dq, dk, dv and reads no return, so either form serves it.
 These raise FlashcArgumentError (a FlashcError and a ValueError) with status
 FLASHC_ERR_UNSUPPORTED when not at their default, never ignored: qv, q_descale, k_descale,
 v_descale (FP8), attention_chunk, a scheduler_metadata tensor, and in
@@ -116,12 +130,15 @@ of cu_seqlens_q, cu_seqlens_k without the other, the KV-cache arguments with cu_
 seqused_q (forward) and sequed_q, sequed_k (backward) with batched q.
 """
 import math
+from typing import Optional, Tuple
 
 import torch
 
 from . import _lib
 from . import flash_attn_interface as _fa2_ops
 from . import interface as _fa2
+
+Tensor = torch.Tensor
 
 __all__ = ["flash_attn_combine", "flash_attn_func", "flash_attn_qkvpacked_func",
            "flash_attn_varlen_func", "flash_attn_with_kvcache", "get_scheduler_metadata",
@@ -309,6 +326,122 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
     return None
 
 
+# ---- the private ops' registered cores (torch.library custom ops) ----
+# flashc::v3_fwd runs the differentiable forwards of _flash_attn_forward (batched q, k, v,
+# or varlen with seqused_q, seqused_k) and carries its backward (register_autograd);
+# flashc::v3_bwd is FA3's backward with 01afd16's argument list, writing dq, dk, dv in
+# place (declared mutated). Being ops, torch.compile and torch.export see one call where
+# the Python code gathers rows by data (seqused) or reads max_seqlen on the host; their
+# fake implementations give the shapes. The KV-cache calls of _flash_attn_forward go
+# through flashc::fwd_kvcache, which declares the caches mutated; out_ is written with
+# out_.copy_(out) outside the op, a mutation torch traces as aten.copy_.
+#
+# q, k, v: (batch, seqlen, nheads(_k), headdim) or, with cu_seqlens_q and cu_seqlens_k,
+# (total, nheads(_k), headdim). out: like q (v's head dim); lse: fp32 (batch, nheads,
+# seqlen_q) or (nheads, total_q).
+@_fa2._op("v3_fwd")
+def _v3_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
+            cu_seqlens_k: Optional[Tensor], seqused_q: Optional[Tensor],
+            seqused_k: Optional[Tensor], max_seqlen_q: Optional[int],
+            max_seqlen_k: Optional[int], softmax_scale: Optional[float], causal: bool,
+            window_size_left: int, window_size_right: int, softcap: float,
+            deterministic: bool = False) -> Tuple[Tensor, Tensor]:
+    window = (window_size_left, window_size_right)
+    if cu_seqlens_q is None:
+        _unsupported("flashc::v3_fwd", " with batched q", seqused_q=seqused_q,
+                     seqused_k=seqused_k)
+        return flash_attn_func(q, k, v, softmax_scale, causal, window_size=window,
+                               softcap=softcap, deterministic=deterministic,
+                               return_attn_probs=True)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
+                                  window_size=window, softcap=softcap,
+                                  deterministic=deterministic, return_attn_probs=True)
+
+
+@_fa2._fake(_v3_fwd)
+def _v3_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                 max_seqlen_k, softmax_scale, causal, window_size_left, window_size_right,
+                 softcap, deterministic=False):
+    lse = (q.shape[0], q.shape[2], q.shape[1]) if cu_seqlens_q is None else q.shape[1::-1]
+    return _fa2._empty(tuple(q.shape[:-1]) + (v.shape[-1],), q), \
+        _fa2._empty(lse, q, torch.float32)
+
+
+def _v3_fwd_save(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, used_q, used_k = inputs[:7]
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used_q, used_k)
+    ctx.rest = inputs[7:]  # max_seqlen_q, max_seqlen_k, scale, causal, left, right, softcap, det
+    ctx.mark_non_differentiable(lse)
+
+
+def _v3_fwd_backward(ctx, dout, _dlse):
+    """The registered backward of flashc::v3_fwd: flashc::v3_bwd into new dq, dk, dv."""
+    q, k, v, out, lse, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
+    max_q, max_k, scale, causal, left, right, softcap, deterministic = ctx.rest
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    _v3_bwd(dout, q, k, v, out, lse, cu_q, cu_k, used_q, used_k, max_q, max_k, dq, dk, dv,
+            scale, causal, left, right, softcap, deterministic, 0)
+    return (dq, dk, dv) + (None,) * 12
+
+
+# dout, out like q; softmax_lse as v3_fwd's; dq, dk, dv like q, k, v, written in place
+# (None: allocated here, and then not seen by the caller, as FA3's op). Returns softmax_d
+# (_flash_attn_backward says its layout).
+@_fa2._op("v3_bwd", mutates_args=("dq", "dk", "dv"))
+def _v3_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,
+            cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+            sequed_q: Optional[Tensor], sequed_k: Optional[Tensor],
+            max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], dq: Optional[Tensor],
+            dk: Optional[Tensor], dv: Optional[Tensor], softmax_scale: Optional[float],
+            is_causal: bool, window_size_left: int, window_size_right: int, softcap: float,
+            deterministic: bool, sm_margin: int) -> Tensor:
+    fn = "flashc::v3_bwd"
+    mask = _fa2_ops._mask(0.0, softmax_scale, is_causal, window_size_left, window_size_right,
+                          softcap)
+    if not _is_varlen(fn, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        _unsupported(fn, " with batched q", sequed_q=sequed_q, sequed_k=sequed_k)
+        return _fa2_ops._flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv,
+                                             *mask, None, deterministic)
+    _fa2_ops._check_ranks(fn, {"dout": dout, "q": q, "k": k, "v": v, "out": out},
+                          {3: _fa2._THD})
+    dout, q, k, v, out, softmax_lse = (_fa2._maybe_contiguous(t)
+                                       for t in (dout, q, k, v, out, softmax_lse))
+    dq, dk, dv = _fa2_ops._gradients(dq, dk, dv, q, k, v)
+    rows_q, cu_q, (dout_u, q_u, out_u) = _gather_used(cu_seqlens_q, sequed_q, dout, q, out)
+    rows_k, cu_k, (k_u, v_u) = _gather_used(cu_seqlens_k, sequed_k, k, v)
+    lse_u = softmax_lse if rows_q is None else softmax_lse.index_select(1, rows_q)
+    dq_u = dq if rows_q is None else torch.empty_like(q_u)
+    dk_u, dv_u = (dk, dv) if rows_k is None else (torch.empty_like(k_u), torch.empty_like(v_u))
+    _fa2._varlen_bwd(dout_u, q_u, k_u, v_u, out_u, lse_u, dq_u, dk_u, dv_u, cu_q, cu_k,
+                     int(max_seqlen_q), int(max_seqlen_k), None, *mask, bool(deterministic),
+                     0, 0)
+    if rows_q is not None:  # the gradients of rows not in use are 0
+        dq.zero_().index_copy_(0, rows_q, dq_u)
+    if rows_k is not None:
+        dk.zero_().index_copy_(0, rows_k, dk_u)
+        dv.zero_().index_copy_(0, rows_k, dv_u)
+    return _varlen_softmax_d(dout, out, cu_seqlens_q, rows_q)
+
+
+@_fa2._fake(_v3_bwd)
+def _v3_bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, sequed_q,
+                 sequed_k, max_seqlen_q, max_seqlen_k, dq, dk, dv, softmax_scale, is_causal,
+                 window_size_left, window_size_right, softcap, deterministic, sm_margin):
+    block, round_up = _fa2_ops._SOFTMAX_D_PAD, _fa2_ops._round_up
+    if cu_seqlens_q is None:
+        b, sq, h, _ = q.shape
+        return _fa2._empty((b, h, round_up(sq, block)), q, torch.float32)
+    batch = cu_seqlens_q.shape[0] - 1
+    return _fa2._empty((q.shape[1], round_up(q.shape[0] + block * batch, block)), q,
+                       torch.float32)
+
+
+if _fa2._CUSTOM_OP:
+    _v3_fwd.register_autograd(_v3_fwd_backward, setup_context=_v3_fwd_save)
+
+
 # ---- the private ops, as Transformer Engine calls them ----
 def _sides(fn, window_size_left, window_size_right, window_size):
     """(left, right) from the private ops' window_size_left, window_size_right, or from
@@ -363,26 +496,23 @@ def _flash_attn_forward(q, k, v, k_new=None, v_new=None, qv=None, out_=None, cu_
     window = _sides(fn, window_size_left, window_size_right, window_size)
     cache = dict(k_new=k_new, v_new=v_new, page_table=page_table, kv_batch_idx=kv_batch_idx,
                  leftpad_k=leftpad_k, rotary_cos=rotary_cos, rotary_sin=rotary_sin)
-    if _is_varlen(fn, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    varlen = _is_varlen(fn, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if varlen:
         _unsupported(fn, " with cu_seqlens_q, cu_seqlens_k", **cache)
         _fa2_ops._check_ranks(fn, {"q": q, "k": k, "v": v}, {3: _fa2._THD})
-        out, lse = flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                          max_seqlen_k, seqused_q, seqused_k, softmax_scale,
-                                          causal, window_size=window, softcap=softcap,
-                                          return_attn_probs=True)
     else:
         _unsupported(fn, " with batched q", seqused_q=seqused_q)
         _fa2_ops._check_ranks(fn, {"q": q, "k": k, "v": v}, {4: _fa2._BSHD})
-        if seqused_k is None and all(t is None for t in cache.values()):
-            out, lse = flash_attn_func(q, k, v, softmax_scale, causal, window_size=window,
-                                       softcap=softcap, return_attn_probs=True)
-        else:
-            out, lse, _, _ = flash_attn_with_kvcache(
-                q, k, v, k_new, v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-                cache_seqlens=seqused_k, cache_batch_idx=kv_batch_idx, cache_leftpad=leftpad_k,
-                page_table=page_table, softmax_scale=softmax_scale, causal=causal,
-                window_size=window, softcap=softcap, rotary_interleaved=rotary_interleaved,
-                num_splits=num_splits, return_softmax_lse=True)
+    if varlen or (seqused_k is None and all(t is None for t in cache.values())):
+        out, lse = _v3_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                           max_seqlen_q, max_seqlen_k, softmax_scale, causal, *window, softcap)
+    else:
+        out, lse, _, _ = flash_attn_with_kvcache(
+            q, k, v, k_new, v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+            cache_seqlens=seqused_k, cache_batch_idx=kv_batch_idx, cache_leftpad=leftpad_k,
+            page_table=page_table, softmax_scale=softmax_scale, causal=causal,
+            window_size=window, softcap=softcap, rotary_interleaved=rotary_interleaved,
+            num_splits=num_splits, return_softmax_lse=True)
     if out_ is not None:
         if out_.shape != out.shape or out_.dtype != out.dtype:
             _fa2._arg_error("%s: out_ is %s %s but must be %s %s" % (
@@ -410,46 +540,45 @@ def _varlen_softmax_d(dout, out, cu_seqlens_q, rows):
     return softmax_d
 
 
+# What _flash_attn_backward returns when its call does not say (returns=None):
+# "softmax_d", as FA3 from commit 01afd16 (hopper/flash_attn_interface.py registers the op
+# flash_attn_3::_flash_attn_backward returning softmax_d alone), or "grads", the tuple
+# (dq, dk, dv, softmax_d) of FA3's releases before it, for code that unpacks four values.
+# Transformer Engine writes into its own dq, dk, dv and reads neither.
+BACKWARD_RETURNS = "softmax_d"
+_RETURNS = ("softmax_d", "grads")
+
+
 def _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q=None, cu_seqlens_k=None,
                          sequed_q=None, sequed_k=None, max_seqlen_q=None, max_seqlen_k=None,
                          dq=None, dk=None, dv=None, softmax_scale=None, is_causal=False,
                          window_size_left=-1, window_size_right=-1, softcap=0.0,
-                         deterministic=False, sm_margin=0, *, causal=None, window_size=None):
+                         deterministic=False, sm_margin=0, *, causal=None, window_size=None,
+                         returns=None):
     """One backward, FA3's flash_attn_3::_flash_attn_backward (the module docstring has
     the list), into the caller's dq (like q), dk, dv (like k; None: allocated, as FA3),
     from any out and softmax_lse (those of the forward, or merged ones). Batched: tensors
     (batch, seqlen, nheads, headdim), lse (batch, nheads, seqlen_q); with cu_seqlens_q and
     cu_seqlens_k: (total, nheads, headdim), lse (nheads, total_q), and sequed_q, sequed_k
     the rows in use as flash_attn_varlen_func's seqused (the other rows get zero
-    gradients). Returns softmax_d fp32, rowsum(dout * out) in FA3's padded layout with
-    blocks of 128 rows: (batch, nheads, round_up(seqlen_q, 128)), varlen as
-    _varlen_softmax_d says."""
+    gradients). Runs flashc::v3_bwd. softmax_d is fp32, rowsum(dout * out) in FA3's padded
+    layout with blocks of 128 rows: (batch, nheads, round_up(seqlen_q, 128)), varlen as
+    _varlen_softmax_d says. Returns softmax_d, or with returns="grads" (dq, dk, dv,
+    softmax_d) as FA3's releases before 01afd16; returns=None follows BACKWARD_RETURNS."""
     fn = "_flash_attn_backward"
-    mask = _fa2_ops._mask(0.0, softmax_scale, bool(is_causal or causal),
-                          *_sides(fn, window_size_left, window_size_right, window_size), softcap)
+    returns = BACKWARD_RETURNS if returns is None else returns
+    if returns not in _RETURNS:
+        _fa2._arg_error("%s: returns=%r but must be one of %s (or None: BACKWARD_RETURNS=%r)"
+                        % (fn, returns, ", ".join(map(repr, _RETURNS)), BACKWARD_RETURNS))
+    left, right = _sides(fn, window_size_left, window_size_right, window_size)
     if not _is_varlen(fn, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
         _unsupported(fn, " with batched q", sequed_q=sequed_q, sequed_k=sequed_k)
-        return _fa2_ops._flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv,
-                                             *mask, None, deterministic)
-    _fa2_ops._check_ranks(fn, {"dout": dout, "q": q, "k": k, "v": v, "out": out},
-                          {3: _fa2._THD})
-    dout, q, k, v, out, softmax_lse = (_fa2._maybe_contiguous(t)
-                                       for t in (dout, q, k, v, out, softmax_lse))
     dq, dk, dv = _fa2_ops._gradients(dq, dk, dv, q, k, v)
-    rows_q, cu_q, (dout_u, q_u, out_u) = _gather_used(cu_seqlens_q, sequed_q, dout, q, out)
-    rows_k, cu_k, (k_u, v_u) = _gather_used(cu_seqlens_k, sequed_k, k, v)
-    lse_u = softmax_lse if rows_q is None else softmax_lse.index_select(1, rows_q)
-    dq_u = dq if rows_q is None else torch.empty_like(q_u)
-    dk_u, dv_u = (dk, dv) if rows_k is None else (torch.empty_like(k_u), torch.empty_like(v_u))
-    _fa2._varlen_bwd(dout_u, q_u, k_u, v_u, out_u, lse_u, dq_u, dk_u, dv_u, cu_q, cu_k,
-                     int(max_seqlen_q), int(max_seqlen_k), None, *mask, bool(deterministic),
-                     0, 0)
-    if rows_q is not None:  # the gradients of rows not in use are 0
-        dq.zero_().index_copy_(0, rows_q, dq_u)
-    if rows_k is not None:
-        dk.zero_().index_copy_(0, rows_k, dk_u)
-        dv.zero_().index_copy_(0, rows_k, dv_u)
-    return _varlen_softmax_d(dout, out, cu_seqlens_q, rows_q)
+    softmax_d = _v3_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, sequed_q,
+                        sequed_k, max_seqlen_q, max_seqlen_k, dq, dk, dv, softmax_scale,
+                        bool(is_causal or causal), left, right, softcap, bool(deterministic),
+                        sm_margin)
+    return (dq, dk, dv, softmax_d) if returns == "grads" else softmax_d
 
 
 # ---- combining split partials ----

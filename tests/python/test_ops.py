@@ -1,9 +1,10 @@
 """test_ops.py : flashc's torch.library custom ops (python/flashc/interface.py) under torch's
 own checks, on CPU tensors.
 
-- torch.library.opcheck on each op, flashc::fwd, ::varlen_fwd, ::bwd, ::varlen_bwd and
-  ::fwd_kvcache, for a few argument sets each (GQA, causal, window, softcap, ALiBi, dropout,
-  varlen, paged, the KV-cache append with rotary): the schema and its mutation annotations,
+- torch.library.opcheck on each op, flashc::fwd, ::varlen_fwd, ::bwd, ::varlen_bwd,
+  ::fwd_kvcache, and flashc.v3's ::v3_fwd and ::v3_bwd (FA3's private ops), for a few
+  argument sets each (GQA, causal, window, softcap, ALiBi, dropout, varlen, seqused, paged,
+  the KV-cache append with rotary): the schema and its mutation annotations,
   the fake implementation against the real one, the registered autograd of the two forward
   ops (inputs that require grad), and AOTAutograd with dynamic shapes, gradients included.
 - torch.compile(fullgraph=True) of a loss through flash_attn_func, the packed functions,
@@ -25,7 +26,7 @@ from test_flashc import cu, rand
 pytestmark = pytest.mark.skipif(not interface._CUSTOM_OP,
                                 reason="torch < 2.4 has no torch.library.custom_op")
 
-OPS = ("fwd", "varlen_fwd", "bwd", "varlen_bwd", "fwd_kvcache")
+OPS = ("fwd", "varlen_fwd", "bwd", "varlen_bwd", "fwd_kvcache", "v3_fwd", "v3_bwd")
 
 
 def opcheck(name, args):
@@ -154,6 +155,52 @@ def test_opcheck_fwd_kvcache(case):
                             True, 0))
 
 
+# ---- FA3's private ops (flashc.v3) ----
+# mask arguments of v3_fwd and v3_bwd: softmax_scale, causal, window_left, window_right,
+# softcap
+V3_MASKS = {
+    "plain": (None, False, -1, -1, 0.0),
+    "causal": (None, True, -1, -1, 0.0),
+    "window-softcap": (0.7, False, 2, 1, 2.0),
+}
+V3_USED = (torch.tensor([2, 0, 5], dtype=torch.int32), torch.tensor([5, 1, 3], dtype=torch.int32))
+
+
+def v3_call(layout, grad=False):
+    """q, k, v and v3_fwd's cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+    max_seqlen_k: layout "bshd" (batched), "thd" (varlen) or "thd-seqused"."""
+    if layout == "bshd":
+        b, sq, sk, h, hk, d = BATCHED[0]
+        return batched(BATCHED[0], grad) + (None, None, None, None, sq, sk)
+    q, k, v, cu_q, cu_k, max_q, max_k = varlen(grad=grad)
+    used = V3_USED if layout == "thd-seqused" else (None, None)
+    return (q, k, v, cu_q, cu_k) + used + (max_q, max_k)
+
+
+V3_LAYOUTS = ["bshd", "thd", "thd-seqused"]
+
+
+@pytest.mark.parametrize("layout", V3_LAYOUTS)
+@pytest.mark.parametrize("mask", V3_MASKS)
+@pytest.mark.parametrize("grad", [False, True], ids=["nograd", "grad"])
+def test_opcheck_v3_fwd(layout, mask, grad):
+    for deterministic in (False, True):
+        opcheck("v3_fwd", v3_call(layout, grad) + V3_MASKS[mask] + (deterministic,))
+
+
+@pytest.mark.parametrize("layout", V3_LAYOUTS)
+@pytest.mark.parametrize("mask", V3_MASKS)
+@pytest.mark.parametrize("given", [True, False], ids=["dqdkdv", "none"])
+def test_opcheck_v3_bwd(layout, mask, given):
+    """Into the caller's dq, dk, dv (declared mutated), or None (allocated inside)."""
+    q, k, v, cu_q, cu_k, used_q, used_k, max_q, max_k = v3_call(layout)
+    out, lse = torch.ops.flashc.v3_fwd(q, k, v, cu_q, cu_k, used_q, used_k, max_q, max_k,
+                                       *V3_MASKS[mask])
+    grads = tuple(torch.empty_like(t) for t in (q, k, v)) if given else (None,) * 3
+    opcheck("v3_bwd", (rand(*out.shape, seed=5), q, k, v, out, lse, cu_q, cu_k, used_q,
+                       used_k, max_q, max_k) + grads + V3_MASKS[mask] + (True, 0))
+
+
 # ---- torch.compile ----
 def loss_and_grads(fn, inputs):
     """fn(*inputs) (a scalar loss) and the gradients of inputs."""
@@ -181,6 +228,14 @@ COMPILED = {
         lambda: varlen()[:5]),
     "v3": (lambda q, k, v: weighted(v3.flash_attn_func(q, k, v, window_size=(2, None))),
            lambda: batched(BATCHED[1])),
+    # FA3's private forward: flashc::v3_fwd and its registered backward; seqused gathers
+    # rows by data inside the op
+    "v3-private-seqused": (lambda q, k, v, cu_q, cu_k: weighted(v3._flash_attn_forward(
+        q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_q=V3_USED[0],
+        seqused_k=V3_USED[1], max_seqlen_q=max(LENS[0]), max_seqlen_k=max(LENS[1]),
+        causal=True)[0]), lambda: varlen()[:5]),
+    "v3-private-bshd": (lambda q, k, v: weighted(v3._flash_attn_forward(
+        q, k, v, softcap=2.0, window_size=(3, None))[0]), lambda: batched(BATCHED[0])),
 }
 
 
@@ -227,6 +282,47 @@ def test_compile_dropout(case):
     torch.testing.assert_close(loss, loss_eager, rtol=1e-5, atol=1e-6)
     for g, ge in zip(grads, grads_eager):
         torch.testing.assert_close(g, ge, rtol=1e-5, atol=1e-6)
+
+
+def te_step(q, k, v, dout, out_, dq, dk, dv, lens, returns):
+    """A context-parallel step as Transformer Engine runs one (no grad mode): the forward
+    into the caller's out_, the backward into the caller's dq, dk, dv (dk, dv views of one
+    buffer); returns what the backward returned."""
+    cu_q, cu_k, used_q, used_k, max_q, max_k = lens
+    kw = dict(causal=True, window_size=(-1, 0))
+    _, lse, _, _ = v3._flash_attn_forward(q, k, v, None, None, None, out_, cu_q, cu_k, None,
+                                          used_q, used_k, max_q, max_k, **kw)
+    return v3._flash_attn_backward(dout, q, k, v, out_, lse, cu_q, cu_k, used_q, used_k,
+                                   max_q, max_k, dq, dk, dv, deterministic=True,
+                                   returns=returns, **kw)
+
+
+@pytest.mark.parametrize("layout", V3_LAYOUTS)
+@pytest.mark.parametrize("returns", ["softmax_d", "grads"])
+def test_compile_v3_private_mutation(layout, returns):
+    """te_step under torch.compile(fullgraph=True): the caller's out_, dq, dk, dv are
+    written (the mutations flashc::v3_bwd declares and out_.copy_) and equal eager's, as
+    does the return (softmax_d, or dq, dk, dv, softmax_d, the caller's tensors)."""
+    q, k, v, *lens = v3_call(layout)
+    dout = rand(*q.shape, seed=31)
+
+    def buffers():
+        dkv = torch.full((2,) + tuple(k.shape), float("nan"))
+        return (torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))) + \
+            tuple(dkv.unbind(0))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(te_step, fullgraph=True)
+    with torch.no_grad():
+        got_bufs, want_bufs = buffers(), buffers()
+        got = compiled(q, k, v, dout, *got_bufs, lens, returns)
+        want = te_step(q, k, v, dout, *want_bufs, lens, returns)
+    for name, g, w in zip(("out_", "dq", "dk", "dv"), got_bufs, want_bufs):
+        assert not g.isnan().any() and torch.equal(g, w), name
+    if returns == "grads":
+        assert all(a is b for a, b in zip(got[:3], got_bufs[1:]))
+        got, want = got[3], want[3]
+    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("case", COMPILED)

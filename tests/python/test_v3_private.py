@@ -47,9 +47,9 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q=None,
                          softcap=0.0, deterministic=False, sm_margin=0): ...
 '''
 # the keyword-only names flashc adds: those of FA3's releases before 01afd16, which
-# Transformer Engine passes
+# Transformer Engine passes, and the backward's choice of return form
 EXTRA = {"_flash_attn_forward": ["window_size"],
-         "_flash_attn_backward": ["causal", "window_size"]}
+         "_flash_attn_backward": ["causal", "window_size", "returns"]}
 
 
 @pytest.mark.parametrize("name", sorted(EXTRA))
@@ -209,6 +209,54 @@ def test_fa3_positional(device, causal, window):
     assert v3._flash_attn_backward(dout, q, k, v, out, lse, is_causal=causal,
                                    window_size_left=window[0],
                                    window_size_right=window[1]).shape == softmax_d.shape
+
+
+# ---- the backward's return form ----
+@pytest.mark.parametrize("fmt", ["bshd", "thd"])
+@pytest.mark.parametrize("given", [True, False], ids=["dqdkdv", "none"])
+def test_backward_returns(fmt, given, monkeypatch):
+    """returns="grads" (or BACKWARD_RETURNS = "grads") gives (dq, dk, dv, softmax_d): the
+    caller's tensors when given, else the allocated ones, holding the public function's
+    gradients; the default and returns="softmax_d" give softmax_d alone. The module switch
+    serves code written for FA3's releases before 01afd16, which returned the four-tuple
+    (their causal and window_size by keyword, as here)."""
+    q, k, v, dout, cu_q, cu_k, max_q, max_k = inputs(fmt, "cpu")
+    lens = (cu_q, cu_k, max_q, max_k)
+    window = (3, 0)
+    out, lse, _, _ = v3._flash_attn_forward(q, k, v, *te_args(True, fmt, *lens),
+                                            window_size=window)
+    want = public_grads(fmt, q, k, v, dout, lens, True, window_size=window)
+
+    def grads():
+        return [torch.full_like(t, float("nan")) if given else None for t in (q, k, v)]
+
+    softmax_d = v3._flash_attn_backward(dout, q, k, v, out, lse, *te_args(
+        False, fmt, *lens, *grads()), window_size=window, deterministic=True)
+    assert isinstance(softmax_d, torch.Tensor)
+    check_softmax_d(fmt, softmax_d, dout, out, cu_q)
+    bufs = grads()
+    by_keyword = v3._flash_attn_backward(dout, q, k, v, out, lse, *te_args(
+        False, fmt, *lens, *bufs), window_size=window, deterministic=True, returns="grads")
+    monkeypatch.setattr(v3, "BACKWARD_RETURNS", "grads")
+    old_bufs = grads()
+    old = v3._flash_attn_backward(dout, q, k, v, out, lse, cu_q, cu_k, None, None, max_q,
+                                  max_k, *old_bufs, None, causal=False, window_size=window,
+                                  deterministic=True)
+    for result, given_bufs in ((by_keyword, bufs), (old, old_bufs)):
+        assert isinstance(result, tuple) and len(result) == 4
+        if given:
+            assert all(a is b for a, b in zip(result[:3], given_bufs))
+        assert all(torch.equal(g, w) for g, w in zip(result[:3], want))
+        assert torch.equal(result[3], softmax_d)
+    assert torch.equal(v3._flash_attn_backward(dout, q, k, v, out, lse, *te_args(
+        False, fmt, *lens), window_size=window, returns="softmax_d"), softmax_d)
+
+
+def test_backward_returns_bad():
+    q = rand(1, 3, 2, 8)
+    with pytest.raises(flashc.FlashcArgumentError, match=r"_flash_attn_backward: "
+                       r"returns='dq' but must be one of 'softmax_d', 'grads'"):
+        v3._flash_attn_backward(q, q, q, q, q, torch.zeros(1, 2, 3), returns="dq")
 
 
 @pytest.mark.parametrize("fmt", ["bshd", "thd"])
