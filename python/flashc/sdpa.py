@@ -30,9 +30,20 @@ the route is on, every torch function call made from Python passes through one P
 method (about 1.5 us per call, measured on 2 CPU cores); compiled graphs do not pay it.
 
 What runs on flashc (anything else falls back; fallback_reason says why):
-- attn_mask None. Any mask falls back: flashc takes no arbitrary mask, and recognising a
-  causal or padding mask would mean reading it (a device sync). HF transformers passes
-  None with is_causal=True for batches without padding.
+- attn_mask None (HF transformers passes None with is_causal=True for batches without
+  padding), or a mask that is, for each batch and the same for every head, a key-padding
+  mask (right or left padding), a causal mask (top-left, or bottom-right as HF's over a
+  KV cache), or both: bool, or additive of 0 and -inf or the dtype's minimum (HF's fill),
+  broadcastable to (batch, 1, seqlen_q, seqlen_k), with is_causal False (torch refuses
+  both). _mask_plan tells the form exactly, reading the mask once (a few passes on its
+  device, a device sync, then a copy of two ints per batch to the host): the same mask
+  passed again, unchanged (its object and _version), is not read again, as HF passes one
+  mask to every layer. The unpadded rows run as one or two flash_attn_varlen_func calls
+  (below, "attention masks"); rows that see no key get out 0 and no gradient, what
+  torch's SDPA gives (torch 2.5+ on the CPU); with a dtype-minimum fill such rows get a
+  softmax over every key from torch, so those masks fall back. Anything else falls back:
+  a bias, a per-head mask, a mask one element away from those forms, and any mask under
+  torch.compile (reading it would break the graph).
 - query, key, value plain 4-D tensors (batch, heads, seqlen, headdim), same batch, dtype
   float32, float16 or bfloat16 (on CUDA float16 and bfloat16, where the library's CUDA
   backend is usable), one device, head dim 1..256 for query, key and value alike, seqlens
@@ -58,11 +69,13 @@ CUDA: `.transpose(1, 2).contiguous()` after it copies nothing. Code that calls `
 on the output without `.contiguous()` needs `.reshape()`, as it does on CUDA already.
 """
 import collections
+import itertools
 import logging
 import numbers
 import os
 import runpy
 import sys
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -132,15 +145,156 @@ def _shape_reason(query, key, value, enable_gqa):
     return None
 
 
+# ---- attention masks: key padding, causal, both ----
+# A mask flashc runs is, for each batch b (the same for every head), "query i sees key j"
+# exactly when kstart[b] <= j < kend[b] (a key-padding mask: right padding, left padding or
+# none) and, for a causal mask, j <= i + off, with off = Sk - Sq (bottom-right: HF
+# transformers' causal mask over a KV cache) or 0 (top-left: SDPA's is_causal). _mask_plan
+# checks the whole mask against that form (a few passes over it on its device, then one
+# small copy to the host) and sorts each batch's query rows into three kinds:
+#   rows [0, i0): no key at all (left padding's padded queries under a causal mask): out 0
+#       and no gradient, what torch's SDPA gives a fully masked row (torch 2.5+);
+#   rows [i0, i1): row i sees keys kstart <= j <= i + off: one flashc causal call over
+#       keys [kstart, i1 + off), whose bottom-right corner is that diagonal;
+#   rows [i1, Sq): every key of [kstart, kend): one flashc call without causal (right
+#       padding's padded queries under a causal mask; every row of a padding-only mask).
+# Each call gathers its rows and keys of every batch into one flash_attn_varlen_func call,
+# so no padded key reaches the kernels; the outputs are scattered back.
+_Call = collections.namedtuple("_Call", "causal q_batch q_row k_batch k_row cu_q cu_k max_q "
+                                        "max_k")
+_mask_cache = []  # [(weakref to the mask, its _version, the call's key, plan or reason)]
+
+
+def _allowed(mask):
+    """(bool "query sees key", whether the fill is finite) of a bool mask or a float mask
+    of 0 and -inf or its dtype's minimum (HF transformers' fill), else (None, why not)."""
+    if mask.dtype == torch.bool:
+        return mask, False
+    zero, low = mask == 0, mask == torch.finfo(mask.dtype).min
+    if not bool((zero | low | torch.isneginf(mask)).all()):
+        return None, "attn_mask holds values other than 0, -inf and its dtype's minimum " \
+                     "(a bias)"
+    return zero, bool(low.any())
+
+
+def _index(spans):
+    """(batch, row) int64 indices of rows [a, z) of batch i, for spans[i] = (a, z)."""
+    batch = torch.cat([torch.full((z - a,), i, dtype=torch.long)
+                       for i, (a, z) in enumerate(spans)])
+    return batch, torch.cat([torch.arange(a, z) for a, z in spans])
+
+
+def _calls(starts, ends, off, sq):
+    """The flashc calls (_Call) of a mask under which batch b sees keys [starts[b],
+    ends[b]) and, with off not None, keys j <= i + off."""
+    bounds = []  # per batch: kstart, kend, i0, i1
+    for lo, hi in zip(starts, ends):
+        if hi <= lo or off is None:
+            i0 = i1 = sq if hi <= lo else 0
+        else:
+            i0 = min(max(lo - off, 0), sq)
+            i1 = min(max(hi - off, i0), sq)
+        bounds.append((lo, hi, i0, i1))
+    calls = []
+    for causal in (True, False):
+        # per batch: query rows [r0, r1), keys [k0, k1)
+        spans = [(i0, i1, lo, i1 + (off or 0)) if causal else (i1, sq, lo, hi)
+                 for lo, hi, i0, i1 in bounds]
+        spans = [s if s[1] > s[0] else (0, 0, 0, 0) for s in spans]
+        lens_q, lens_k = [s[1] - s[0] for s in spans], [s[3] - s[2] for s in spans]
+        if sum(lens_q):
+            cu_q, cu_k = (torch.tensor([0] + list(itertools.accumulate(n)), dtype=torch.int32)
+                          for n in (lens_q, lens_k))
+            calls.append(_Call(causal, *_index([s[:2] for s in spans]),
+                               *_index([s[2:] for s in spans]), cu_q, cu_k, max(lens_q),
+                               max(lens_k)))
+    return calls
+
+
+def _plan_of(mask, batch, sq, sk):
+    """The flashc calls (a list of _Call, on mask's device) that compute SDPA under mask
+    for (batch, *, sq, *) queries and (batch, *, sk, *) keys, or why flashc cannot (a
+    string)."""
+    if mask.dim() > 4 or mask.dim() < 2 or mask.shape[-2] not in (1, sq) or \
+            mask.shape[-1] not in (1, sk):
+        return "attn_mask of shape %s for %d queries, %d keys" % (tuple(mask.shape), sq, sk)
+    m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    if m.shape[1] != 1:
+        return "attn_mask varies per head (shape %s)" % (tuple(mask.shape),)
+    if m.shape[0] not in (1, batch):
+        return "attn_mask of batch %d for queries of batch %d" % (m.shape[0], batch)
+    allowed, finite = _allowed(m[:, 0].expand(m.shape[0], sq, sk))
+    if allowed is None:
+        return finite
+    cols = allowed.any(dim=1)  # (Bm, Sk): the keys some query sees
+    j = torch.arange(sk, device=mask.device)
+    kstart = torch.where(cols, j, sk).amin(dim=1, keepdim=True)
+    kend = torch.where(cols, j + 1, 0).amax(dim=1, keepdim=True)
+    if not bool((cols == ((j >= kstart) & (j < kend))).all()):
+        return "attn_mask is not a key-padding mask (the keys of a batch are not one run)"
+    i = torch.arange(sq, device=mask.device)[:, None]
+    for off in [None] + sorted({sk - sq, 0}, reverse=True):
+        if bool((allowed == (cols[:, None, :] if off is None else
+                             cols[:, None, :] & (j <= i + off))).all()):
+            break
+    else:
+        return "attn_mask is not a key-padding mask, a causal mask (top-left or " \
+               "bottom-right), or both"
+    starts, ends = kstart.flatten().tolist(), kend.flatten().tolist()
+    if m.shape[0] == 1:
+        starts, ends = starts * batch, ends * batch
+    if finite and any(hi <= lo or (off is not None and lo - off > 0)
+                      for lo, hi in zip(starts, ends)):
+        return "attn_mask fills with its dtype's minimum and has fully masked rows (torch's " \
+               "SDPA gives them a softmax over every key)"
+    return [_Call(*(t.to(mask.device) if isinstance(t, torch.Tensor) else t for t in call))
+            for call in _calls(starts, ends, off, sq)]
+
+
+def _mask_plan(mask, batch, sq, sk):
+    """_plan_of, computed once per mask (its object and contents) and call shape: HF
+    transformers passes one mask to every layer."""
+    key = (tuple(mask.shape), mask.stride(), mask.dtype, mask.device, batch, sq, sk)
+    if _mask_cache:
+        ref, version, cached_key, plan = _mask_cache[0]
+        if ref() is mask and version == mask._version and cached_key == key:
+            return plan
+    plan = _plan_of(mask, batch, sq, sk)
+    _mask_cache[:] = [(weakref.ref(mask), mask._version, key, plan)]
+    return plan
+
+
+def _mask_reason(query, attn_mask, is_causal):
+    """Why attn_mask is not one _mask_plan reads, or None."""
+    if is_causal:
+        return "attn_mask and is_causal=True both given"
+    if not isinstance(attn_mask, torch.Tensor) or attn_mask.layout != torch.strided:
+        return "attn_mask is not a strided torch.Tensor"
+    if attn_mask.device != query.device:
+        return "attn_mask is on %s but query on %s" % (attn_mask.device, query.device)
+    if attn_mask.dtype != torch.bool and attn_mask.dtype != query.dtype:
+        return "attn_mask is %s: SDPA takes bool or query's dtype %s" % (attn_mask.dtype,
+                                                                         query.dtype)
+    if _compiling():
+        return "attn_mask under torch.compile (telling its form means reading it)"
+    return None
+
+
 def fallback_reason(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
                     scale=None, enable_gqa=False):
     """None if route() runs this call of scaled_dot_product_attention (SDPA's parameters)
-    on flashc, else why it goes to torch's SDPA, as a short sentence."""
-    if attn_mask is not None:
-        return "attn_mask given"
+    on flashc, else why it goes to torch's SDPA, as a short sentence. An attn_mask is read
+    here (the first time this mask is seen)."""
     reason = _tensor_reason(query, key, value) or _shape_reason(query, key, value, enable_gqa)
     if reason:
         return reason
+    if attn_mask is not None:
+        reason = _mask_reason(query, attn_mask, is_causal)
+        if reason is None:
+            plan = _mask_plan(attn_mask, query.shape[0], query.shape[2], key.shape[2])
+            reason = plan if isinstance(plan, str) else None
+        if reason:
+            return reason
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or \
             not 0.0 <= dropout_p < 1.0:
         return "dropout_p=%r, not in [0, 1)" % (dropout_p,)
@@ -153,7 +307,12 @@ def fallback_reason(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
 def _flashc_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
                  scale=None, enable_gqa=False):
     """SDPA on flashc for a call fallback_reason accepts: (B, H, Sq, D) in and out."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
     sq, sk = query.shape[2], key.shape[2]
+    if attn_mask is not None:
+        return _masked_sdpa(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                            _mask_plan(attn_mask, query.shape[0], sq, sk), float(dropout_p),
+                            scale, deterministic)
     causal, window = False, (-1, -1)
     if is_causal and sq <= sk:
         # top-left: keys past sq - 1 are seen by no query; on the square the corners meet
@@ -163,8 +322,20 @@ def _flashc_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
         window = (-1, sq - sk)
     out = interface.flash_attn_func(query.transpose(1, 2), key.transpose(1, 2),
                                     value.transpose(1, 2), float(dropout_p), scale, causal,
-                                    window,
-                                    deterministic=torch.are_deterministic_algorithms_enabled())
+                                    window, deterministic=deterministic)
+    return out.transpose(1, 2)
+
+
+def _masked_sdpa(q, k, v, calls, dropout_p, scale, deterministic):
+    """SDPA under a mask of _mask_plan's calls on q (B, Sq, H, D), k, v (B, Sk, Hk, D):
+    each call's rows and keys gathered into one flash_attn_varlen_func call, its output
+    scattered back; rows no call has (no key) are 0. Returns (B, H, Sq, D)."""
+    out = q.new_zeros(q.shape[:3] + v.shape[3:])
+    for c in calls:
+        part = interface.flash_attn_varlen_func(
+            q[c.q_batch, c.q_row], k[c.k_batch, c.k_row], v[c.k_batch, c.k_row], c.cu_q, c.cu_k,
+            c.max_q, c.max_k, dropout_p, scale, c.causal, deterministic=deterministic)
+        out = out.index_put((c.q_batch, c.q_row), part)
     return out.transpose(1, 2)
 
 

@@ -31,10 +31,11 @@ from test_flashc import DEVICE_DTYPES, DT, backward_or_skip, check, rand
 FLASHC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(flashc.__file__)))
 
 
-def naive_sdpa(q, k, v, is_causal=False, scale=None, lowp=False):
+def naive_sdpa(q, k, v, is_causal=False, scale=None, lowp=False, mask=None):
     """SDPA's definition on (B, H, S, D), key heads repeated for GQA, the causal mask
-    top-left: fp32 math rounded to q's dtype at the scores, probabilities and output (the
-    same-precision baseline of the tolerance rule), or with lowp=False float64."""
+    top-left, a bool mask (True: seen; a row with no key gives 0): fp32 math rounded to q's
+    dtype at the scores, probabilities and output (the same-precision baseline of the
+    tolerance rule), or with lowp=False float64."""
     dt, wt = q.dtype, torch.float32 if lowp else torch.float64
 
     def rnd(x):
@@ -45,7 +46,12 @@ def naive_sdpa(q, k, v, is_causal=False, scale=None, lowp=False):
     if is_causal:
         above = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1)
         s = s.masked_fill(above, -math.inf)
-    return rnd(rnd(torch.softmax(s, dim=-1)) @ v)
+    if mask is None:
+        return rnd(rnd(torch.softmax(s, dim=-1)) @ v)
+    seen = mask.expand(s.shape)
+    any_key = seen.any(-1, keepdim=True)
+    p = torch.softmax(torch.where(any_key, s.masked_fill(~seen, -math.inf), 0.0), dim=-1)
+    return rnd(rnd(torch.where(any_key, p, 0.0)) @ v)
 
 
 # ---- calls flashc runs ----
@@ -72,13 +78,21 @@ def test_routed(device, dtype, shape, is_causal, scale):
     with sdpa.route() as r:
         out = F.scaled_dot_product_attention(*leaves, **kw)
     assert (r.routed, r.fallbacks) == (1, {})
+    check_sdpa(out, leaves, inputs, lambda *t: F.scaled_dot_product_attention(*t, **kw),
+               lambda *t: naive_sdpa(*t, is_causal=is_causal, scale=scale, lowp=True))
+
+
+def check_sdpa(out, leaves, inputs, ref_fn, base_fn):
+    """out (of leaves, copies of inputs) and the leaves' gradients for one random dout
+    against ref_fn on float64 copies of inputs, with base_fn on same-precision copies as
+    the tolerance rule's baseline."""
+    dt = out.dtype
     r64 = [t.double().requires_grad_() for t in inputs]
     rlp = [t.clone().requires_grad_() for t in inputs]
-    ref = F.scaled_dot_product_attention(*r64, **kw)
-    base = naive_sdpa(*rlp, is_causal=is_causal, scale=scale, lowp=True)
-    assert out.shape == ref.shape and out.dtype == dt
+    ref, base = ref_fn(*r64), base_fn(*rlp)
+    assert out.shape == ref.shape and out.dtype == inputs[0].dtype
     check("out", out, ref, base, dt)
-    dout = rand(*out.shape, device=device, dtype=dt, seed=99)
+    dout = rand(*out.shape, device=out.device, dtype=dt, seed=99)
     backward_or_skip(out, dout)
     ref.backward(dout.double())
     base.backward(dout.float())
@@ -114,14 +128,162 @@ def test_positional_and_layout():
     assert out.transpose(1, 2).is_contiguous()
 
 
+# ---- calls with an attention mask ----
+MASK_SHAPES = [  # B, Hq, Hk, Sq, Sk, D
+    (3, 4, 2, 7, 7, 16),
+    (3, 2, 2, 5, 11, 8),
+    (3, 2, 1, 9, 4, 8),
+]
+
+
+def key_lens(sk, b):
+    """The keys of each of b <= 3 batches: all, half, one."""
+    return [sk, max(sk // 2, 1), 1][:b]
+
+
+def make_mask(form, b, sq, sk, device="cpu"):
+    """A bool mask (True: the query sees the key) of one form, "pad-right" or "pad-left"
+    (key padding of key_lens, (B, 1, Sq, Sk) as HF transformers gives it), "causal-tl",
+    "causal-br" (top-left (Sq, Sk) and bottom-right (1, 1, Sq, Sk) causal), or padding and
+    causal together ("pad-left-causal-br": HF's mask for left-padded prompts and decoding,
+    "pad-right-causal-br", "pad-right-causal-tl")."""
+    i, j = torch.arange(sq)[:, None], torch.arange(sk)
+    causal = {"tl": j <= i, "br": j <= i + sk - sq}
+    side, _, corner = form.partition("-causal-")
+    if side.startswith("causal"):
+        m = causal[side[-2:]]
+        return (m if side.endswith("tl") else m[None, None]).to(device)
+    keys = torch.stack([j < n if side == "pad-right" else j >= sk - n for n in key_lens(sk, b)])
+    m = keys[:, None, None, :].expand(b, 1, sq, sk)
+    return (m & causal[corner] if corner else m).to(device)
+
+
+def as_kind(mask, kind, dtype):
+    """The bool mask as SDPA takes it: "bool", or additive in dtype with -inf ("inf") or
+    the dtype's minimum ("min", HF transformers' fill) where masked."""
+    if kind == "bool":
+        return mask
+    fill = -math.inf if kind == "inf" else torch.finfo(dtype).min
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, fill)
+
+
+MASK_FORMS = ["pad-right", "pad-left", "causal-tl", "causal-br", "pad-left-causal-br",
+              "pad-right-causal-br", "pad-right-causal-tl"]
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("shape", MASK_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("form", MASK_FORMS)
+@pytest.mark.parametrize("kind", ["bool", "inf", "min"])
+def test_masked(device, dtype, shape, form, kind):
+    """Each mask form, bool or additive, runs on flashc, out and gradients against torch's
+    SDPA in float64 with the same mask (fully masked rows: 0, as torch gives); a mask
+    filled with the dtype's minimum that has a fully masked row falls back (torch's SDPA
+    gives it a softmax over every key)."""
+    dt = DT[dtype]
+    b, hq, hk, sq, sk, d = shape
+    bool_mask = make_mask(form, b, sq, sk, device)
+    mask = as_kind(bool_mask, kind, dt)
+    kw = dict(attn_mask=mask, enable_gqa=hq != hk)
+    inputs = [rand(b, h, s, d, device=device, dtype=dt, seed=i + 60)
+              for i, (h, s) in enumerate(((hq, sq), (hk, sk), (hk, sk)))]
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    with sdpa.route() as r:
+        out = F.scaled_dot_product_attention(*leaves, **kw)
+    if kind == "min" and not bool(bool_mask.expand(b, 1, sq, sk).any(-1).all()):
+        assert r.routed == 0 and "fully masked rows" in next(iter(r.fallbacks))
+        return
+    assert (r.routed, r.fallbacks) == (1, {})
+    mask64 = bool_mask if kind == "bool" else mask.double()
+    check_sdpa(out, leaves, inputs, lambda *t: F.scaled_dot_product_attention(
+        *t, attn_mask=mask64, enable_gqa=hq != hk), lambda *t: naive_sdpa(
+        *t, mask=bool_mask, lowp=True))
+
+
+def test_masked_all_keys_masked():
+    """A batch whose every key is masked gets out 0 and zero gradients (torch's answer);
+    the other batches run as usual."""
+    q, k, v = (rand(2, 2, 5, 8, seed=s).requires_grad_() for s in (70, 71, 72))
+    mask = torch.ones(2, 1, 5, 5, dtype=torch.bool)
+    mask[1] = False
+    with sdpa.route() as r:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert r.routed == 1
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    want_grads = torch.autograd.grad(want.sum(), (q, k, v))
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    torch.testing.assert_close(out, want)
+    for g, w in zip(grads, want_grads):
+        assert torch.equal(g[1], torch.zeros_like(g[1]))
+        torch.testing.assert_close(g, w)
+
+
+def test_mask_read_once(monkeypatch):
+    """The mask is read once however many layers pass it (HF transformers passes one mask
+    object to each), again when it is written in place or another mask comes."""
+    reads = []
+    plan_of = sdpa._plan_of
+    monkeypatch.setattr(sdpa, "_plan_of", lambda *a: reads.append(1) or plan_of(*a))
+    q = rand(3, 2, 6, 8, seed=73)
+    mask = make_mask("pad-left-causal-br", 3, 6, 6)
+    with sdpa.route() as r:
+        for _ in range(4):
+            F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+        assert len(reads) == 1
+        mask[0, 0, 5, 0] = False  # a hole: no longer a padding mask
+        F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+        F.scaled_dot_product_attention(q, q, q, attn_mask=make_mask("pad-right", 3, 6, 6))
+    assert len(reads) == 3 and r.routed == 5 and sum(r.fallbacks.values()) == 1
+
+
+@pytest.mark.skipif(not interface._CUSTOM_OP or
+                    tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 6),
+                    reason="torch.compile traces TorchFunctionModes from torch 2.6 on")
+def test_mask_compiled_falls_back():
+    """Under torch.compile a call with a mask goes to torch's SDPA (telling the mask's form
+    reads it): the graph holds no flashc op and the output is torch's."""
+    q = rand(3, 2, 6, 8, seed=74)
+    mask = make_mask("pad-right-causal-br", 3, 6, 6)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm.forward
+    fn = torch.compile(lambda q, m: F.scaled_dot_product_attention(q, q, q, attn_mask=m),
+                       backend=backend, fullgraph=True)
+    with sdpa.route():
+        out = fn(q, mask)
+    assert len(graphs) == 1 and "flashc" not in graphs[0]
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, q, q, attn_mask=mask))
+
+
 # ---- calls torch runs ----
 def fallback_cases():
     """(id, q, k, v, SDPA keyword arguments, part of the reason)."""
     q, k = rand(2, 4, 6, 8, seed=40), rand(2, 4, 9, 8, seed=41)
     mask = rand(6, 9, seed=42) > 0
+    # masks one element away from a form flashc runs: detection is exact
+    almost_pad = make_mask("pad-right", 2, 6, 9).clone()
+    almost_pad[1, 0, 3, 7] = True  # one query sees one padded key
+    pad_hole = make_mask("pad-left", 2, 6, 9).clone()
+    pad_hole[0, 0, 2, 4] = False
+    causal_hole = make_mask("causal-br", 2, 6, 9).clone()
+    causal_hole[0, 0, 4, 7] = False  # the diagonal
+    causal_extra = make_mask("pad-left-causal-br", 2, 6, 9).clone()
+    causal_extra[1, 0, 0, 8] = True  # a key past the diagonal
+    keys_gap = torch.ones(2, 1, 6, 9, dtype=torch.bool)
+    keys_gap[:, :, :, 2] = False
+    per_head = make_mask("pad-right", 2, 6, 9).expand(2, 4, 6, 9)
     return [
-        ("bool_mask", q, k, k, dict(attn_mask=mask), "attn_mask"),
-        ("float_mask", q, k, k, dict(attn_mask=rand(2, 1, 6, 9, seed=43)), "attn_mask"),
+        ("almost_pad", q, k, k, dict(attn_mask=almost_pad), "not a key-padding mask"),
+        ("pad_hole", q, k, k, dict(attn_mask=pad_hole), "not a key-padding mask, a causal"),
+        ("causal_hole", q, k, k, dict(attn_mask=causal_hole), "not a key-padding mask, a causal"),
+        ("causal_extra", q, k, k, dict(attn_mask=causal_extra), "a causal mask"),
+        ("keys_gap", q, k, k, dict(attn_mask=keys_gap), "not one run"),
+        ("per_head_mask", q, k, k, dict(attn_mask=per_head), "varies per head"),
+        ("bool_mask", q, k, k, dict(attn_mask=mask), "attn_mask is not"),
+        ("float_mask", q, k, k, dict(attn_mask=rand(2, 1, 6, 9, seed=43)), "(a bias)"),
         ("3d", q[0], k[0], k[0], {}, "dim()=3"),
         ("float64", q.double(), k.double(), k.double(), {}, "torch.float64"),
         ("headdim_300", rand(1, 2, 3, 300, seed=44), rand(1, 2, 3, 300, seed=45),
@@ -159,16 +321,21 @@ def test_fallback(case, caplog):
         assert torch.equal(a.grad, b.grad)
 
 
-@pytest.mark.parametrize("kv", ["gqa_off", "mixed_dtype"])
+@pytest.mark.parametrize("kv", ["gqa_off", "mixed_dtype", "mask_and_causal",
+                                "mask_dtype"])
 def test_fallback_errors_are_torchs(kv):
-    """A call torch rejects (heads that differ without enable_gqa, dtypes that differ)
-    raises torch's error under the route too."""
+    """A call torch rejects (heads that differ without enable_gqa, dtypes that differ, a
+    mask with is_causal, a float mask of another dtype) raises torch's error under the
+    route too."""
     q, k = rand(1, 4, 5, 8, seed=50), rand(1, 2 if kv == "gqa_off" else 4, 5, 8, seed=51)
     k = k.half() if kv == "mixed_dtype" else k
+    kw = {"mask_and_causal": dict(attn_mask=torch.ones(5, 5, dtype=torch.bool),
+                                  is_causal=True),
+          "mask_dtype": dict(attn_mask=torch.zeros(5, 5, dtype=torch.float64))}.get(kv, {})
     with pytest.raises(RuntimeError) as plain:
-        F.scaled_dot_product_attention(q, k, k)
+        F.scaled_dot_product_attention(q, k, k, **kw)
     with sdpa.route() as r, pytest.raises(RuntimeError) as routed:
-        F.scaled_dot_product_attention(q, k, k)
+        F.scaled_dot_product_attention(q, k, k, **kw)
     assert str(routed.value) == str(plain.value) and r.routed == 0
     with sdpa.route(), pytest.raises(TypeError):
         F.scaled_dot_product_attention(q, k, k, bad_argument=1)
@@ -200,7 +367,7 @@ def mode_stack():
 
 def test_nesting_and_exit():
     q, k = rand(1, 2, 5, 8, seed=60), rand(1, 2, 7, 8, seed=61)
-    mask = torch.ones(5, 7, dtype=torch.bool)
+    mask = rand(5, 7, seed=62)  # a bias: torch runs it
     before = mode_stack()
     plain = F.scaled_dot_product_attention(q, k, k, is_causal=True)
     with sdpa.route() as outer:
@@ -322,7 +489,7 @@ import sys
 import torch, torch.nn.functional as F
 q = torch.rand(1, 2, 4, 8)
 F.scaled_dot_product_attention(q, q, q, is_causal=True)
-F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(4, 4, dtype=torch.bool))
+F.scaled_dot_product_attention(q, q, q, attn_mask=torch.rand(4, 4))
 print(__name__, sys.argv[1:])
 '''
 
@@ -338,14 +505,17 @@ def test_run_script(tmp_path, how):
     assert run.stdout.split("\n")[0] == "__main__ ['--flag', 'x']"
     assert "RuntimeWarning" not in run.stderr
     assert "1 scaled_dot_product_attention calls ran on flashc, 1 on torch\n" \
-        "  1: attn_mask given" in run.stderr
+        "  1: attn_mask holds values other than 0, -inf and its dtype's minimum (a bias)" \
+        in run.stderr
 
 
 def test_hf_transformers_llama():
     """An HF transformers Llama (attn_implementation="sdpa", random weights from a config,
     nothing downloaded) under the route: batches without padding and greedy decoding with
-    the KV cache run on flashc and match torch; a padded batch passes its mask and falls
-    back. Skips where transformers is not installed."""
+    the KV cache run on flashc and match torch; a left-padded batch passes its causal and
+    padding mask, which flashc runs (unless this transformers builds a form it does not
+    take: then torch runs it, the reason counted) and matches torch. Skips where
+    transformers is not installed."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128,
@@ -369,11 +539,10 @@ def test_hf_transformers_llama():
         got = run()
         assert (r.routed, r.fallbacks) == (2, {})
         got_padded = run(attention_mask=padded)
-        assert r.routed == 2 and r.fallbacks == {"attn_mask given": 2}
+        padded_routed = r.routed - 2
+        assert padded_routed + sum(r.fallbacks.values()) == 2
         with torch.no_grad():
             tokens = model.generate(ids[:1], max_new_tokens=5, do_sample=False)
-    assert r.routed == 12 and torch.equal(tokens, want_tokens)
-    for a, b in zip(got, want):
+    assert r.routed == 12 + padded_routed and torch.equal(tokens, want_tokens)
+    for a, b in zip(got + got_padded, want + want_padded):
         assert_close(a, b)
-    for a, b in zip(got_padded, want_padded):
-        assert torch.equal(a, b)
