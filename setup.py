@@ -41,6 +41,7 @@ import time
 from setuptools import setup
 from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
 from setuptools.dist import Distribution
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -246,6 +247,16 @@ class PlatformWheel(bdist_wheel):
         return ("py3", "none", super().get_tag()[2])
 
 
+class SourceOnly(sdist):
+    """The sdist: the source tree MANIFEST.in names, versioned as flashc.h's release
+    alone. The build label says what a built library holds, and an sdist holds none: the
+    wheel built from it is labelled by that build's configuration."""
+
+    def run(self):
+        self.distribution.metadata.version = release()
+        super().run()
+
+
 class PlatformDistribution(Distribution):
     def has_ext_modules(self):
         return True  # a platform wheel, installed to platlib
@@ -254,5 +265,6 @@ class PlatformDistribution(Distribution):
 if __name__ == "__main__":
     setup(version="%s+%s" % (release(), configuration(os.environ)["label"]),
           package_dir={"": "python"}, packages=["flashc", "flashc.layers"],
-          cmdclass={"build_py": BuildWithLibrary, "bdist_wheel": PlatformWheel},
+          cmdclass={"build_py": BuildWithLibrary, "bdist_wheel": PlatformWheel,
+                    "sdist": SourceOnly},
           distclass=PlatformDistribution)

@@ -6,7 +6,9 @@ CPU only (FLASHC_CMAKE_ARGS=-DFLASHC_CUDA=OFF: CMake and the C compile, about 10
 nothing is downloaded). It checks the wheel's name, tags and version label
 (flashc-<release>+cpu-py3-none-<platform>: a native library that links no Python),
 that it holds libflashc.so and nothing but the package, and that a fresh venv with
-the wheel installed imports flashc from it and runs a forward. The other
+the wheel installed imports flashc from it and runs a forward. test_sdist makes an
+sdist of a copy of the tree (MANIFEST.in: everything the build reads), checks what it
+holds, and builds and runs the same CPU wheel from it (about 20 s more). The other
 configurations (CUDA, $FLASHC_LIBRARY) are checked on setup.py's own functions,
 without building: a fake nvcc says which CUDA release it is.
 """
@@ -19,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import zipfile
 
 import pytest
@@ -52,16 +55,31 @@ def run(cmd, **kw):
     return done.stdout
 
 
+def copy_source(dest):
+    """A copy of the source tree at dest, without builds, venvs, git and caches."""
+    shutil.copytree(ROOT, dest, ignore=lambda d, names: [
+        n for n in names if n == "__pycache__" or n.endswith(".egg-info") or
+        (os.path.samefile(d, ROOT) and any(fnmatch.fnmatch(n, p) for p in NOT_SOURCE))])
+
+
+def pip_wheel(source, out):
+    """pip wheel of source (a tree or an sdist), CPU only, into out."""
+    run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index",
+         "--no-cache-dir", "-w", str(out), str(source)],
+        env=clean_env(FLASHC_CMAKE_ARGS="-DFLASHC_CUDA=OFF", FLASHC_BUILD_PROGRESS="0"))
+
+
 # ---- the wheel of a CPU build ----
 def test_cpu_wheel(tmp_path):
     src, out = tmp_path / "src", tmp_path / "wheels"
-    shutil.copytree(ROOT, src, ignore=lambda d, names: [
-        n for n in names if n == "__pycache__" or n.endswith(".egg-info") or
-        (os.path.samefile(d, ROOT) and any(fnmatch.fnmatch(n, p) for p in NOT_SOURCE))])
-    run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index",
-         "--no-cache-dir", "-w", str(out), str(src)],
-        env=clean_env(FLASHC_CMAKE_ARGS="-DFLASHC_CUDA=OFF", FLASHC_BUILD_PROGRESS="0"))
+    copy_source(src)
+    pip_wheel(src, out)
+    check_cpu_wheel(tmp_path, out)
 
+
+def check_cpu_wheel(tmp_path, out):
+    """The one wheel in out: its name, tags, label and files; then installed in a fresh
+    venv, flashc imports from it and runs a forward."""
     version = flashc._lib.VERSION + "+cpu"
     platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
     wheels = os.listdir(out)
@@ -104,6 +122,38 @@ def test_cpu_wheel(tmp_path):
                                                                        "libflashc.so"), got
     assert got["version"] == flashc._lib.VERSION and got["dist"] == version, got
     assert got["cuda"] == 0 and got["err"] < 1e-5, got
+
+
+# ---- the sdist ----
+# what an sdist must hold: the folders the build reads (MANIFEST.in), whole
+SDIST_TREES = ("src", "include", "cmake", "python")
+
+
+def test_sdist(tmp_path):
+    """The sdist of a copy of the tree, made by setuptools' PEP 517 hook as
+    `python -m build --sdist` calls it (without the isolated environment): named for the
+    release alone, it holds CMakeLists.txt, setup.py, pyproject.toml and every file of
+    SDIST_TREES but caches and built libraries; `pip wheel` of it builds the CPU wheel
+    that test_cpu_wheel checks, and that wheel runs."""
+    src, dist, out = tmp_path / "src", tmp_path / "dist", tmp_path / "wheels"
+    copy_source(src)
+    made = run([sys.executable, "-c", "import sys; from setuptools import build_meta; "
+                "print(build_meta.build_sdist(sys.argv[1]))", str(dist)], cwd=str(src),
+               env=clean_env()).strip().splitlines()[-1]
+    top = "flashc-" + flashc._lib.VERSION
+    assert made == top + ".tar.gz" and os.listdir(dist) == [made]
+    with tarfile.open(dist / made) as t:
+        names = {n[len(top) + 1:] for n in t.getnames() if n.startswith(top + "/")}
+    want = {"CMakeLists.txt", "setup.py", "pyproject.toml", "MANIFEST.in", "README.md"}
+    for tree in SDIST_TREES:
+        for d, dirs, files in os.walk(os.path.join(ROOT, tree)):
+            dirs[:] = [n for n in dirs if n != "__pycache__" and not n.endswith(".egg-info")]
+            want |= {os.path.relpath(os.path.join(d, f), ROOT) for f in files
+                     if not f.endswith((".pyc", ".so")) and ".so." not in f}
+    assert want <= names, sorted(want - names)
+    assert not [n for n in names if n.endswith((".pyc", ".so")) or "__pycache__" in n]
+    pip_wheel(dist / made, out)
+    check_cpu_wheel(tmp_path, out)
 
 
 # ---- setup.py's choices, without building ----
