@@ -12,8 +12,10 @@ names with its private ops (_flash_attn_forward, _flash_attn_backward and their 
 twins), and flashc.v3, FlashAttention-3's interface (hopper/flash_attn_interface.py:
 flash_attn_func, flash_attn_varlen_func with seqused_q/seqused_k, flash_attn_with_kvcache,
 flash_attn_combine, ..., and the private _flash_attn_forward, _flash_attn_backward that
-Transformer Engine calls). Errors from the library raise FlashcError (FlashcArgumentError, also a
-ValueError, for a bad argument) with the library's message.
+Transformer Engine calls), and flashc.flash_attn_2_cuda, flash_attn 2.x's compiled entry
+points (fwd, varlen_fwd, bwd, varlen_bwd, fwd_kvcache; imported on use). Errors from the
+library raise FlashcError (FlashcArgumentError, also a ValueError, for a bad argument) with
+the library's message.
 
 flashc.sdpa routes torch.nn.functional.scaled_dot_product_attention calls to flashc without
 editing the code that makes them (`with flashc.sdpa.route():`, or `python -m flashc.sdpa
@@ -21,7 +23,8 @@ script.py`). It is imported on first use of flashc.sdpa, so that `python -m flas
 runs it once.
 
 python/flash_attn_shim holds a package named flash_attn made of these modules, and
-flash_attn_3 and flash_attn_interface made of flashc.v3, for code that imports flash_attn
+flash_attn_3 and flash_attn_interface made of flashc.v3, and flash_attn_2_cuda made of
+flashc.flash_attn_2_cuda, for code that imports flash_attn
 or FA3 and is not to be edited (README.md, "Using flashc as flash_attn"); it is on no path
 unless put there.
 """
