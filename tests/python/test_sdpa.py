@@ -512,10 +512,9 @@ def test_run_script(tmp_path, how):
 def test_hf_transformers_llama():
     """An HF transformers Llama (attn_implementation="sdpa", random weights from a config,
     nothing downloaded) under the route: batches without padding and greedy decoding with
-    the KV cache run on flashc and match torch; a left-padded batch passes its causal and
-    padding mask, which flashc runs (unless this transformers builds a form it does not
-    take: then torch runs it, the reason counted) and matches torch. Skips where
-    transformers is not installed."""
+    the KV cache run on flashc and match torch, and so do a left-padded batch and its
+    greedy decoding, whose causal and padding masks flashc runs (transformers 5.25 passes
+    them as bool (batch, 1, Sq, Sk) masks). Skips where transformers is not installed."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128,
@@ -535,14 +534,18 @@ def test_hf_transformers_llama():
     want, want_padded = run(), run(attention_mask=padded)
     with torch.no_grad():
         want_tokens = model.generate(ids[:1], max_new_tokens=5, do_sample=False)
+        want_padded_tokens = model.generate(ids, attention_mask=padded, max_new_tokens=4,
+                                            do_sample=False)
     with sdpa.route() as r:
         got = run()
         assert (r.routed, r.fallbacks) == (2, {})
         got_padded = run(attention_mask=padded)
-        padded_routed = r.routed - 2
-        assert padded_routed + sum(r.fallbacks.values()) == 2
+        assert (r.routed, r.fallbacks) == (4, {})
         with torch.no_grad():
             tokens = model.generate(ids[:1], max_new_tokens=5, do_sample=False)
-    assert r.routed == 12 + padded_routed and torch.equal(tokens, want_tokens)
+            padded_tokens = model.generate(ids, attention_mask=padded, max_new_tokens=4,
+                                           do_sample=False)
+    assert (r.routed, r.fallbacks) == (22, {})
+    assert torch.equal(tokens, want_tokens) and torch.equal(padded_tokens, want_padded_tokens)
     for a, b in zip(got + got_padded, want + want_padded):
         assert_close(a, b)
