@@ -254,7 +254,7 @@ FLASHC_API flashc_params flashc_params_default(void);
 
 /* ---- forward, batched ---- */
 /* q, k: [B, Sq, H, D], [B, Sk, Hk, D]  v: [B, Sk, Hk, Dv]  (H % Hk == 0; D and
- *   Dv in 1..256 on the CPU)
+ *   Dv in 1..1024 on the CPU; the CUDA backend takes D = Dv in 1..256)
  * out: [B, Sq, H, Dv], same dtype as q
  * Dv, the value head dim, is read from v's shape and may differ from D, the
  * head dim of Q K^T (DeepSeek MLA: D = 192, Dv = 128): out, and in the backward

@@ -35,7 +35,10 @@
 
 #include "call.h"
 
-#define FC_MAX_HEAD_DIM 256
+/* Head dims D and Dv the library takes: the CPU backend any in 1..1024 (Gemma-style
+ * 512, MLA's 576/512); the CUDA backend refuses those past its instances (256) in
+ * its own plan. */
+#define FC_MAX_HEAD_DIM 1024
 
 
 static const char *fc_device_name(flashc_device d) {

@@ -141,7 +141,7 @@ static void bi_build(bi_problem *pr, bi_kind kind, int64_t m) {
     pr->a.fwd.abi = FLASHC_ABI_VERSION; /* every args struct starts with abi */
     pr->kind = kind;
     pr->p = flashc_params_default();
-    const int f = m == 1 ? 33 : 1; /* room for D = 257 in the small problem */
+    const int f = m == 1 ? 129 : 1; /* room for D = 1025 in the small problem */
     const flashc_dtype BF = FLASHC_DTYPE_BF16, F32 = FLASHC_DTYPE_FP32, I32 = FLASHC_DTYPE_INT32;
     const int64_t B = BI_B, H = BI_H, HK = BI_HK, D = BI_D;
     switch (kind) {
@@ -551,7 +551,7 @@ static const bi_case bi_cases[] = {
     {"out_shape_batch", M_BATCHED, RQ, {SHPADD("out", 0, -1)}, INV, "out", 0},
     {"out_rank_minus_1", ALL, RQ, {NDIMADD("out", -1)}, INV, "out", 0},
     {"head_dim_0", ALL, RQ, {HEADDIM(0)}, INV, "q|head_dim", 0},
-    {"head_dim_257", ALL, RQ, {HEADDIM(257)}, INV | UNS, "q|head_dim", 0},
+    {"head_dim_1025", ALL, RQ, {HEADDIM(1025)}, INV | UNS, "q|head_dim", 0},
     {"kv_heads_not_divisor", ALL, RQ, {KVHEADS(3)}, INV, "q|k|k_cache", 0},
     {"kv_heads_0", ALL, RQ, {KVHEADS(0)}, INV, "q|k|k_cache", 0},
     {"softmax_lse_dtype_bf16", ALL, RQ, {DT("softmax_lse", FLASHC_DTYPE_BF16)}, INV, "softmax_lse", 0},
@@ -596,7 +596,7 @@ static const bi_case bi_cases[] = {
     {"k_shape_d", M_NOKV, RQ, {SHPADD("k", -1, -1)}, INV, "k", 0},
     {"v_shape_d", M_NOKV, RQ, {SHPADD("v", -1, -1)}, INV, "v", 0},
     {"v_shape_d_zero", M_NOKV, RQ, {RSH("v", -1, 0)}, INV, "v", 0},
-    {"v_shape_d_257", M_NOKV, RQ, {RSH("v", -1, 257)}, INV, "v", 0},
+    {"v_shape_d_1025", M_NOKV, RQ, {RSH("v", -1, 1025)}, INV, "v", 0},
     {"out_shape_d_of_q", M_FWDL, RQ, {RSH("v", -1, 4)}, INV, "out", 0},
     {"v_shape_heads", M_NOKV, RQ, {SHPADD("v", -2, -1)}, INV, "v", 0},
     {"v_shape_seq", M_NOKV, RQ, {SHPADD("v", -3, -1)}, INV, "v", 0},
@@ -716,7 +716,7 @@ static const bi_case bi_cases[] = {
     {"v_cache_shape_seq", M_KVS, RQ, {SHPADD("v_cache", 1, -1)}, INV, "v_cache|k_cache", 0},
     {"v_cache_shape_batch", M_KVS, RQ, {SHPADD("v_cache", 0, -1)}, INV, "v_cache|k_cache", 0},
     {"v_cache_shape_d", M_KVS, RQ, {SHPADD("v_cache", -1, -1)}, INV, "v_cache|k_cache", 0},
-    {"v_cache_shape_d_257", M_KVS, RQ, {RSH("v_cache", -1, 257)}, INV, "v_cache", 0},
+    {"v_cache_shape_d_1025", M_KVS, RQ, {RSH("v_cache", -1, 1025)}, INV, "v_cache", 0},
     {"out_shape_d_of_q_kv", M_KVS, RQ, {RSH("v_cache", -1, 4), RSH("v_new", -1, 4)}, INV, "out",
      0},
     {"v_new_shape_d_of_k", M_KVS, RQ, {RSH("v_cache", -1, 4), RSH("out", -1, 4)}, INV,

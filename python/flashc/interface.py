@@ -16,7 +16,8 @@ six on torch < 2.4.
 
 Where flashc differs from flash_attn on purpose:
 - head dims that are not a multiple of 8 are passed as they are: the library takes
-  any head dim in 1..256 (the CUDA backend zero-pads inside its workspace), so the
+  any head dim in 1..1024 on the CPU and 1..256 on CUDA (the CUDA backend zero-pads
+  inside its workspace), so the
   copy flash_attn makes to pad q, k, v is not needed; results are the same.
 - return_attn_probs returns (out, softmax_lse, probs). probs is fp32 [B, H, Sq, Sk]
   (varlen: [B, H, max_seqlen_q, max_seqlen_k]) without flash_attn's padding to

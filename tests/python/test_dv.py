@@ -1,5 +1,6 @@
 """test_dv.py : a value head dim Dv other than the query/key head dim D (DeepSeek MLA:
-D = 192, Dv = 128; and Dv > D) through the Python package, on the CPU.
+D = 192, Dv = 128; and Dv > D) through the Python package, on the CPU, and head dims
+past 256 (512, and absorbed MLA's 576 / 512).
 
 - flash_attn_func: out has Dv, out and the gradients of q, k, v against the float64
   reference (test_flashc.ref_attention) by the tolerance rule, masks, softcap, ALiBi,
@@ -20,7 +21,9 @@ import flashc
 from flashc import interface
 from test_flashc import DT, check, check_fwd_bwd, cu, rand, ref_attention
 
-PAIRS = [(192, 128), (128, 192), (64, 32), (72, 40), (7, 33)]  # D, Dv
+# D, Dv: MLA's 192/128, both orders, odd dims; head dims past 256 on the CPU (Gemma's 512,
+# absorbed MLA's 576/512)
+PAIRS = [(192, 128), (128, 192), (64, 32), (72, 40), (7, 33), (512, 512), (576, 512)]
 OPTIONS = [
     {},
     {"causal": True},
@@ -122,7 +125,7 @@ def test_varlen_paged():
 
 
 @pytest.mark.parametrize("paged", [False, True])
-@pytest.mark.parametrize("dims", [(192, 128), (40, 72)], ids=lambda p: "d%d-dv%d" % p)
+@pytest.mark.parametrize("dims", [(192, 128), (40, 72), (576, 512)], ids=lambda p: "d%d-dv%d" % p)
 def test_kvcache(paged, dims):
     d, dv = dims
     b, h, hk, sq, sn = 2, 4, 2, 2, 2
@@ -161,8 +164,8 @@ def test_wrong_out_last_dim_refused():
     args = interface._fill(interface._lib.FwdArgs, q=q, k=k, v=v, out=out, softmax_lse=lse)
     with pytest.raises(flashc.FlashcError, match=r"out\.shape\[3\]=16 but v\.shape\[3\]=8"):
         interface._run("flashc_fwd", args, q.device)
-    with pytest.raises(flashc.FlashcError, match=r"v\.shape\[3\]=300 but the value head_dim"):
-        flashc.flash_attn_func(q, k, rand(1, 6, 2, 300, seed=3))
+    with pytest.raises(flashc.FlashcError, match=r"v\.shape\[3\]=1025 but the value head_dim"):
+        flashc.flash_attn_func(q, k, rand(1, 6, 2, 1025, seed=3))
 
 
 # ---- opcheck ----

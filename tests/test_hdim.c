@@ -1,0 +1,254 @@
+/* test_hdim.c : head dims past 256 on the CPU backend (issue 20: Gemma-style 512,
+ * DeepSeek's absorbed MLA with D = 576 and Dv = 512), against the float64
+ * reference by the tolerance rule of DEVELOPERS.md.
+ *
+ * Cases: (D, Dv) in {(512, 512), (576, 512), (512, 64), (64, 512), (320, 320),
+ * (385, 385), (384, 200), (1024, 1024)} x the option cycle (causal, windows,
+ * softcap, ALiBi, dropout, combinations) x dtypes x (Sq, Sk) from {(7, 33),
+ * (33, 7), (40, 40), (1, 64)} x GQA 1 or 2, picked so every pair of values
+ * meets; each under one SIMD path and thread count in turn. Each case runs the
+ * forward (out and lse, rows that see no key exactly 0 and -inf) and the
+ * backward twice from the reference's out and lse (dq, dk, dv, bitwise equal
+ * run to run). A decode case
+ * (flashc_fwd_kvcache: an append into a paged cache, GQA) at (576, 512) and
+ * (512, 512). The limit itself (1025 refused) is in test_bad_input.c.
+ */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "support/reference.h"
+#include "fc_test.h"
+#include "helpers.h"
+
+typedef struct hd_case {
+    flashc_dtype dt;
+    int B, Sq, Sk, H, Hk, D, Dv;
+    th_opts o;
+    int simd, threads;
+} hd_case;
+
+enum { HD_MAX = 40 };
+static hd_case hd_cases[HD_MAX];
+static int hd_ncases;
+
+static void hd_body(const hd_case *c, th_arena *ar) {
+    const flashc_dtype dt = c->dt;
+    const int64_t B = c->B, Sq = c->Sq, Sk = c->Sk, H = c->H, Hk = c->Hk, D = c->D, Dv = c->Dv;
+    const int64_t qs[4] = {B, Sq, H, D}, ks[4] = {B, Sk, Hk, D}, vs[4] = {B, Sk, Hk, Dv},
+                  os[4] = {B, Sq, H, Dv}, ls[3] = {B, H, Sq};
+    flashc_params p = th_params(&c->o);
+
+    // ---- forward ----
+    flashc_fwd_args f;
+    memset(&f, 0, sizeof f);
+    f.abi = FLASHC_ABI_VERSION;
+    f.q = th_new(th_buf_in(ar), dt, 4, qs, TH_CONTIG, -3.0, 3.0);
+    f.k = th_new(th_buf_in(ar), dt, 4, ks, TH_PADDED, -1.0, 1.0);
+    f.v = th_new(th_buf_in(ar), dt, 4, vs, TH_CONTIG, -1.0, 1.0);
+    f.alibi_slopes = th_alibi_new(th_buf_in(ar), c->o.alibi, B, H);
+    th_buf *ob = th_buf_in(ar);
+    f.out = th_new_out(ob, dt, 4, os, TH_CONTIG);
+    f.softmax_lse = th_new_out(th_buf_in(ar), FLASHC_DTYPE_FP32, 3, ls, TH_CONTIG);
+    size_t bytes = 0;
+    FC_ASSERT_OK(flashc_fwd_workspace_size(&f, &p, &bytes));
+    void *ws = th_ws_new(bytes);
+    flashc_status s = flashc_fwd(&f, &p, ws, bytes);
+    th_ws_free(ws, bytes);
+    FC_ASSERT_OK(s);
+    const int64_t no = B * Sq * H * Dv, nl = B * H * Sq;
+    double *o64 = th_dbl(ar, no), *olp = th_dbl(ar, no), *l64 = th_dbl(ar, nl),
+           *llp = th_dbl(ar, nl);
+    FC_ASSERT_OK(fc_ref_fwd(&f, &p, FC_REF_F64, o64, l64, NULL));
+    FC_ASSERT_OK(fc_ref_fwd(&f, &p, FC_REF_LOWP, olp, llp, NULL));
+    th_check("out", dt, &f.out, o64, olp);
+    th_check("lse", dt, &f.softmax_lse, l64, llp);
+    th_check_masked_rows(l64, (double *)th_keep(ar, th_to_double(&f.out)), B, Sq, H, Dv);
+    th_check_outside("out", ob, &f.out, 1);
+
+    // ---- backward, twice, from the reference's out and lse (as test_bwd.c) ----
+    th_store_dense(&f.out, o64);
+    th_store_dense(&f.softmax_lse, l64);
+    flashc_bwd_args a;
+    memset(&a, 0, sizeof a);
+    a.abi = FLASHC_ABI_VERSION;
+    a.q = f.q, a.k = f.k, a.v = f.v, a.out = f.out, a.softmax_lse = f.softmax_lse;
+    a.alibi_slopes = f.alibi_slopes;
+    a.dout = th_new(th_buf_in(ar), dt, 4, os, TH_CONTIG, -1.0, 1.0);
+    th_buf *gb[3] = {th_buf_in(ar), th_buf_in(ar), th_buf_in(ar)};
+    a.dq = th_new_out(gb[0], dt, 4, qs, TH_CONTIG);
+    a.dk = th_new_out(gb[1], dt, 4, ks, TH_PADDED);
+    a.dv = th_new_out(gb[2], dt, 4, vs, TH_CONTIG);
+    flashc_tensor *g[3] = {&a.dq, &a.dk, &a.dv};
+    static const char *const names[3] = {"dq", "dk", "dv"};
+    FC_ASSERT_OK(flashc_bwd_workspace_size(&a, &p, &bytes));
+    double *first[3] = {NULL, NULL, NULL};
+    for (int run = 0; run < 2; run++) {
+        if (run)
+            for (int i = 0; i < 3; i++) {
+                first[i] = (double *)th_keep(ar, th_to_double(g[i]));
+                th_poison(gb[i], g[i]);
+            }
+        ws = th_ws_new(bytes);
+        s = flashc_bwd(&a, &p, ws, bytes);
+        th_ws_free(ws, bytes);
+        FC_ASSERT_OK(s);
+    }
+    const int64_t n[3] = {B * Sq * H * D, B * Sk * Hk * D, B * Sk * Hk * Dv};
+    double *r64[3], *rlp[3];
+    for (int i = 0; i < 3; i++) {
+        r64[i] = th_dbl(ar, n[i]);
+        rlp[i] = th_dbl(ar, n[i]);
+    }
+    FC_ASSERT_OK(fc_ref_bwd(&a, &p, FC_REF_F64, r64[0], r64[1], r64[2]));
+    FC_ASSERT_OK(fc_ref_bwd(&a, &p, FC_REF_LOWP, rlp[0], rlp[1], rlp[2]));
+    for (int i = 0; i < 3; i++) {
+        const double *again = (double *)th_keep(ar, th_to_double(g[i]));
+        int64_t diff = 0;
+        for (int64_t e = 0; e < n[i]; e++)
+            diff += memcmp(&again[e], &first[i][e], sizeof(double)) != 0;
+        if (diff)
+            fc_test_fail(__FILE__, __LINE__, "%s: %lld elements differ between two runs", names[i],
+                         (long long)diff);
+        th_check(names[i], dt, g[i], r64[i], rlp[i]);
+        th_check_outside(names[i], gb[i], g[i], 1);
+    }
+}
+
+static void hd_run(const void *param) {
+    const hd_case *c = (const hd_case *)param;
+    th_env env = {c->simd, c->threads, FLASHC_SIMD_SCALAR};
+    if (!th_env_enter(&env)) return;
+    th_arena ar = {0};
+    hd_body(c, &ar);
+    th_arena_free(&ar);
+    th_env_leave(&env);
+}
+
+FC_TEST_REGISTER(hdim_sweep) {
+    static const int dims[8][2] = {{512, 512}, {576, 512}, {512, 64},  {64, 512},
+                                   {320, 320}, {385, 385}, {384, 200}, {1024, 1024}};
+    static const int lens[4][2] = {{7, 33}, {33, 7}, {40, 40}, {1, 64}};
+    static const flashc_dtype dts[3] = {FLASHC_DTYPE_BF16, FLASHC_DTYPE_FP16, FLASHC_DTYPE_FP32};
+    /* -1: the best path the CPU has */
+    static const int simds[4] = {-1, FLASHC_SIMD_SCALAR, FLASHC_SIMD_AVX2, FLASHC_SIMD_AVX512};
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 4; j++) {
+            hd_case *c = &hd_cases[hd_ncases++];
+            memset(c, 0, sizeof *c);
+            const int k = 4 * i + j, l = (i + 3 * j) % 4;
+            c->dt = dts[(i + j) % 3];
+            c->D = dims[i][0];
+            c->Dv = dims[i][1];
+            c->Sq = lens[l][0];
+            c->Sk = lens[l][1];
+            c->B = 1 + (j % 2);
+            c->Hk = 2;
+            c->H = (i + j) % 2 ? 4 : 2;
+            c->o = th_option_cycle(k, (th_windows){9, 5, 12, 3, 10, 20});
+            c->simd = simds[(i + 2 * j) % 4];
+            c->threads = 1 + (k % 2);
+            char name[160];
+            int m = snprintf(name, sizeof name, "hdim_%s_d%d_dv%d_%dx%d_h%dk%d",
+                             flashc_dtype_name(c->dt), c->D, c->Dv, c->Sq, c->Sk, c->H, c->Hk);
+            th_opts_name(name + m, sizeof name - (size_t)m, &c->o);
+            m = (int)strlen(name);
+            th_env_name(name + m, sizeof name - (size_t)m, c->simd, c->threads);
+            fc_test_add(name, hd_run, c);
+        }
+}
+
+/* A decode step: q [2, 1 or 3, 8, D] over a paged cache (pages of 16, shuffled
+ * into a pool with spare pages) after appending two rows, GQA 8:2, causal. The
+ * reference runs on the contiguous copy of the cache after the append. */
+static void hd_kv_run(const void *param) {
+    const int *dd = (const int *)param;
+    const int64_t B = 2, Sq = dd[2], H = 8, Hk = 2, D = dd[0], Dv = dd[1], page = 16, Snew = 2;
+    const int64_t used[2] = {21, 40}, cap = 64, pps = cap / page, pages = B * pps + 3;
+    const flashc_dtype dt = FLASHC_DTYPE_BF16;
+    th_arena ar = {0};
+    const int64_t qs[4] = {B, Sq, H, D}, os[4] = {B, Sq, H, Dv}, ns[4] = {B, Snew, Hk, D},
+                  nvs[4] = {B, Snew, Hk, Dv}, kcs[4] = {pages, page, Hk, D},
+                  vcs[4] = {pages, page, Hk, Dv}, bts[2] = {B, pps}, ls[3] = {B, H, Sq};
+    flashc_kvcache_args kv;
+    memset(&kv, 0, sizeof kv);
+    kv.abi = FLASHC_ABI_VERSION;
+    kv.q = th_new(th_buf_in(&ar), dt, 4, qs, TH_CONTIG, -3.0, 3.0);
+    kv.k_cache = th_new(th_buf_in(&ar), dt, 4, kcs, TH_CONTIG, -1.0, 1.0);
+    kv.v_cache = th_new(th_buf_in(&ar), dt, 4, vcs, TH_CONTIG, -1.0, 1.0);
+    kv.k_new = th_new(th_buf_in(&ar), dt, 4, ns, TH_CONTIG, -1.0, 1.0);
+    kv.v_new = th_new(th_buf_in(&ar), dt, 4, nvs, TH_CONTIG, -1.0, 1.0);
+    kv.block_table = th_new(th_buf_in(&ar), FLASHC_DTYPE_INT32, 2, bts, TH_CONTIG, 0.0, 0.0);
+    kv.cache_seqlens = th_new(th_buf_in(&ar), FLASHC_DTYPE_INT32, 1, (int64_t[]){B}, TH_CONTIG,
+                              0.0, 0.0);
+    int32_t perm[2 * 4 + 3];
+    for (int i = 0; i < pages; i++) perm[i] = i;
+    th_shuffle(perm, pages);
+    memcpy(kv.block_table.data, perm, (size_t)(B * pps) * 4);
+    for (int b = 0; b < B; b++) ((int32_t *)kv.cache_seqlens.data)[b] = (int32_t)used[b];
+    kv.out = th_new_out(th_buf_in(&ar), dt, 4, os, TH_CONTIG);
+    kv.softmax_lse = th_new_out(th_buf_in(&ar), FLASHC_DTYPE_FP32, 3, ls, TH_CONTIG);
+    flashc_params p = flashc_params_default();
+    p.causal = 1;
+
+    /* the reference per sequence, on K, V rows gathered from the pages (the rows
+     * in use before the append), then k_new, v_new; f64 and the baseline */
+    const size_t es = 2;
+    double *r_out[2], *r_lse[2];
+    for (int b = 0; b < B; b++) {
+        const int64_t Sk = used[b] + Snew, kss[4] = {1, Sk, Hk, D}, vss[4] = {1, Sk, Hk, Dv},
+                      q1[4] = {1, Sq, H, D};
+        flashc_fwd_args f;
+        memset(&f, 0, sizeof f);
+        f.abi = FLASHC_ABI_VERSION;
+        f.q = th_new(th_buf_in(&ar), dt, 4, q1, TH_CONTIG, 0.0, 0.0);
+        f.k = th_new(th_buf_in(&ar), dt, 4, kss, TH_CONTIG, 0.0, 0.0);
+        f.v = th_new(th_buf_in(&ar), dt, 4, vss, TH_CONTIG, 0.0, 0.0);
+        memcpy(f.q.data, (char *)kv.q.data + (size_t)(b * Sq * H * D) * es,
+               (size_t)(Sq * H * D) * es);
+        for (int64_t j = 0; j < Sk; j++) {
+            /* row j: cache row j % page of page perm[...], or row j - used of the append */
+            const bool old = j < used[b];
+            const int64_t row = old ? perm[b * pps + j / page] * page + j % page
+                                    : b * Snew + j - used[b];
+            const char *ks = old ? kv.k_cache.data : kv.k_new.data;
+            const char *vs = old ? kv.v_cache.data : kv.v_new.data;
+            memcpy((char *)f.k.data + (size_t)(j * Hk * D) * es, ks + (size_t)(row * Hk * D) * es,
+                   (size_t)(Hk * D) * es);
+            memcpy((char *)f.v.data + (size_t)(j * Hk * Dv) * es, vs + (size_t)(row * Hk * Dv) * es,
+                   (size_t)(Hk * Dv) * es);
+        }
+        r_out[b] = th_dbl(&ar, 2 * Sq * H * Dv);
+        r_lse[b] = th_dbl(&ar, 2 * H * Sq);
+        FC_ASSERT_OK(fc_ref_fwd(&f, &p, FC_REF_F64, r_out[b], r_lse[b], NULL));
+        FC_ASSERT_OK(
+            fc_ref_fwd(&f, &p, FC_REF_LOWP, r_out[b] + Sq * H * Dv, r_lse[b] + H * Sq, NULL));
+    }
+    size_t bytes = 0;
+    FC_ASSERT_OK(flashc_fwd_kvcache_workspace_size(&kv, &p, &bytes));
+    void *ws = th_ws_new(bytes);
+    flashc_status s = flashc_fwd_kvcache(&kv, &p, ws, bytes);
+    th_ws_free(ws, bytes);
+    FC_ASSERT_OK(s);
+    /* out [B, Sq, H, Dv] and lse [B, H, Sq] as dense doubles, checked per sequence */
+    const double *go = (double *)th_keep(&ar, th_to_double(&kv.out));
+    const double *gl = (double *)th_keep(&ar, th_to_double(&kv.softmax_lse));
+    for (int b = 0; b < B; b++) {
+        fc_check_close("out", dt, go + b * Sq * H * Dv, r_out[b], r_out[b] + Sq * H * Dv,
+                       Sq * H * Dv);
+        fc_check_close("lse", dt, gl + b * H * Sq, r_lse[b], r_lse[b] + H * Sq, H * Sq);
+    }
+    th_arena_free(&ar);
+}
+
+static int hd_kv_dims[4][3] = {{576, 512, 1}, {576, 512, 3}, {512, 512, 1}, {512, 512, 3}};
+
+FC_TEST_REGISTER(hdim_kvcache) {
+    for (int i = 0; i < 4; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "hdim_kvcache_d%d_dv%d_q%d_paged16_g4", hd_kv_dims[i][0],
+                 hd_kv_dims[i][1], hd_kv_dims[i][2]);
+        fc_test_add(name, hd_kv_run, hd_kv_dims[i]);
+    }
+}
