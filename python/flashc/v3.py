@@ -38,6 +38,10 @@ are, the KV-cache function is forward only (as FA3's).
                             sm_margin=0, return_softmax_lse=False)
         -> out, or (out, softmax_lse, out_accum, softmax_lse_accum) with return_softmax_lse
     flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None)
+
+Beyond FA3: the four attention functions take learnable_sink= (keyword only), learnable
+attention sinks as flashc's 2.x functions take them (fp32 (nheads,), differentiable; the
+name FA4's interface uses).
         -> out, softmax_lse
     get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q,
                            num_heads_kv, headdim, cache_seqlens, ...) -> None
@@ -177,7 +181,8 @@ def _returns(out, lse, return_attn_probs):
 def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=None,
                               k_descale=None, v_descale=None, window_size=(-1, -1),
                               attention_chunk=0, softcap=0.0, deterministic=False,
-                              num_heads_q=None, sm_margin=0, return_attn_probs=False):
+                              num_heads_q=None, sm_margin=0, return_attn_probs=False, *,
+                              learnable_sink=None):
     """flash_attn_func on qkv (batch, seqlen, 3, nheads, headdim), or with num_heads_q on
     qkv (batch, seqlen, num_heads_q + 2 * nheads_k, headdim) (q heads, then k, then v).
     Returns out, or (out, softmax_lse (batch, nheads, seqlen)) with return_attn_probs."""
@@ -196,14 +201,14 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
         (a, b, c), packing = qkv.split([num_heads_q, hk, hk], dim=2), ""
     out, lse, _ = _fa2._attention(packing, a, b, c, None, 0.0, _fa2._scale(softmax_scale),
                                   causal, _window(window_size), softcap, None, deterministic,
-                                  False)
+                                  False, learnable_sink)
     return _returns(out, lse, return_attn_probs)
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None,
                     k_descale=None, v_descale=None, window_size=(-1, -1), attention_chunk=0,
                     softcap=0.0, num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0,
-                    return_attn_probs=False):
+                    return_attn_probs=False, *, learnable_sink=None):
     """Attention of q (batch, seqlen_q, nheads, headdim) over k, v (batch, seqlen_k,
     nheads_k, headdim), nheads % nheads_k == 0 (MQA/GQA). causal and window_size are
     aligned to the bottom-right corner: query i sees keys [i + seqlen_k - seqlen_q - left,
@@ -216,7 +221,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     for name, t in (("q", q), ("k", k), ("v", v)):
         _fa2._rank(fn, name, t, {4: _fa2._BSHD})
     out, lse, _ = _fa2._attention("", q, k, v, None, 0.0, _fa2._scale(softmax_scale), causal,
-                                  _window(window_size), softcap, None, deterministic, False)
+                                  _window(window_size), softcap, None, deterministic, False,
+                                  learnable_sink)
     return _returns(out, lse, return_attn_probs)
 
 
@@ -249,7 +255,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            qv=None, q_descale=None, k_descale=None, v_descale=None,
                            window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
                            pack_gqa=None, deterministic=False, sm_margin=0,
-                           return_attn_probs=False):
+                           return_attn_probs=False, *, learnable_sink=None):
     """Attention over sequences packed along the token axis: q (total_q, nheads, headdim),
     k, v (total_k, nheads_k, headdim), cu_seqlens_q, cu_seqlens_k int32 (batch + 1).
     seqused_q, seqused_k: optional int32 (batch,), the rows of each sequence in use (the
@@ -272,7 +278,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _, new_cu_k, (k, v) = _gather_used(cu_seqlens_k, seqused_k, k, v)
     varlen = (new_cu_q, new_cu_k, int(max_seqlen_q), int(max_seqlen_k), None)
     out, lse, _ = _fa2._attention("", q, k, v, varlen, 0.0, _fa2._scale(softmax_scale), causal,
-                                  window, softcap, None, deterministic, False)
+                                  window, softcap, None, deterministic, False, learnable_sink)
     if rows_q is not None:  # scatter back: unused rows out = 0, lse = -inf
         out = out.new_zeros((total_q,) + tuple(out.shape[1:])).index_copy(0, rows_q, out)
         lse = lse.new_full((lse.shape[0], total_q), -math.inf).index_copy(1, rows_q, lse)
@@ -287,7 +293,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                             q_descale=None, k_descale=None, v_descale=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), attention_chunk=0, softcap=0.0,
                             rotary_interleaved=True, scheduler_metadata=None, num_splits=0,
-                            pack_gqa=None, sm_margin=0, return_softmax_lse=False):
+                            pack_gqa=None, sm_margin=0, return_softmax_lse=False, *,
+                            learnable_sink=None):
     """flashc.flash_attn_with_kvcache with FA3's parameters: q (batch, seqlen, nheads,
     headdim) over k_cache, v_cache (batch_cache, seqlen_cache, nheads_k, headdim), or with
     page_table (batch, max_blocks) int32 paged (num_blocks, page_size, nheads_k,
@@ -304,7 +311,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     out, lse = _fa2.flash_attn_with_kvcache(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, page_table, softmax_scale, causal, _window(window_size), softcap,
-        rotary_interleaved, None, num_splits, return_softmax_lse=True)
+        rotary_interleaved, None, num_splits, return_softmax_lse=True,
+        learnable_sink=learnable_sink)
     return (out, lse) + _no_accum(out) if return_softmax_lse else out
 
 

@@ -65,11 +65,70 @@ def parameters(fn):
 
 @pytest.mark.parametrize("name", FA3_PUBLIC)
 def test_signature(name):
-    """flashc.v3's function has FA3's parameters: names, order, kinds and defaults."""
+    """flashc.v3's function has FA3's parameters: names, order, kinds and defaults, and
+    after them only the keyword-only learnable_sink (flashc's addition, FA4's name)."""
     stubs = {}
     exec(FA3_SIGNATURES, stubs)
-    assert parameters(getattr(v3, name)) == parameters(stubs[name])
+    ours = parameters(getattr(v3, name))
+    if ours and ours[-1][0] == "learnable_sink":
+        assert ours[-1][1:] == (inspect.Parameter.KEYWORD_ONLY, None)
+        assert name in SINK_FUNCTIONS
+        ours = ours[:-1]
+    assert ours == parameters(stubs[name])
     assert name in v3.__all__
+
+
+SINK_FUNCTIONS = ("flash_attn_qkvpacked_func", "flash_attn_func", "flash_attn_varlen_func",
+                  "flash_attn_with_kvcache")
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+def test_sink(device, dtype):
+    """learnable_sink= on the four attention functions: out, lse and the gradients (the
+    sink's too) bitwise those of flashc's 2.x functions, which test_sink.py checks against
+    the float64 reference."""
+    dt = DT[dtype]
+    b, sq, sk, h, hk, d = 2, 9, 13, 4, 2, 32
+    q = rand(b, sq, h, d, device=device, dtype=dt, seed=1)
+    k = rand(b, sk, hk, d, device=device, dtype=dt, seed=2)
+    v = rand(b, sk, hk, d, device=device, dtype=dt, seed=3)
+    sink = rand(h, device=device, seed=4) * 2
+
+    def run(fn, *tensors):
+        x = [t.detach().clone().requires_grad_() for t in tensors]
+        out, lse = fn(*x)[:2]
+        out.backward(rand(*out.shape, device=device, dtype=dt, seed=5))
+        return [out, lse] + [t.grad for t in x]
+
+    def same(a, b):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+    same(run(lambda q, k, v, s: v3.flash_attn_func(q, k, v, causal=True, learnable_sink=s,
+                                                   return_attn_probs=True), q, k, v, sink),
+         run(lambda q, k, v, s: flashc.flash_attn_func(q, k, v, causal=True, learnable_sink=s,
+                                                       return_attn_probs=True), q, k, v, sink))
+    qkv = torch.stack([q, q.flip(1), q.roll(1, 1)], 2)
+    same(run(lambda x, s: v3.flash_attn_qkvpacked_func(x, learnable_sink=s,
+                                                       return_attn_probs=True), qkv, sink),
+         run(lambda x, s: flashc.flash_attn_qkvpacked_func(x, learnable_sink=s,
+                                                           return_attn_probs=True), qkv, sink))
+    cq = torch.tensor([0, 4, 9], dtype=torch.int32, device=device)
+    ck = torch.tensor([0, 6, 13], dtype=torch.int32, device=device)
+    q1, k1, v1 = q[0], k[0], v[0]
+    same(run(lambda q, k, v, s: v3.flash_attn_varlen_func(q, k, v, cq, ck, 5, 7, causal=True,
+                                                          learnable_sink=s,
+                                                          return_attn_probs=True),
+             q1, k1, v1, sink),
+         run(lambda q, k, v, s: flashc.flash_attn_varlen_func(q, k, v, cq, ck, 5, 7, causal=True,
+                                                              learnable_sink=s,
+                                                              return_attn_probs=True),
+             q1, k1, v1, sink))
+    with torch.no_grad():
+        got = v3.flash_attn_with_kvcache(q, k, v, causal=True, learnable_sink=sink,
+                                         return_softmax_lse=True)
+        want = flashc.flash_attn_with_kvcache(q, k, v, causal=True, learnable_sink=sink,
+                                              return_softmax_lse=True)
+    same(got[:2], want)
 
 
 def test_import_paths():
