@@ -3,6 +3,11 @@
  * Workers sleep on a condition variable and wake for each job; tasks are taken
  * from an atomic counter. The pool is (re)built lazily when the thread count
  * setting changes. The caller's thread works as thread 0.
+ *
+ * The default thread count (FLASHC_NUM_THREADS, else the online cores) is read
+ * once: sysconf(_SC_NPROCESSORS_ONLN) opens and reads a file under /sys on
+ * glibc, about 6 us, which every call paid up to three times (workspace size,
+ * run, pool) when it was read per call.
  */
 #include "pool.h"
 
@@ -15,8 +20,9 @@
 
 /* ---- thread count setting ---- */
 static atomic_int fc_threads_setting; /* 0 = default */
+static atomic_int fc_threads_default; /* 0 = not read yet */
 
-static int fc_default_threads(void) {
+static int fc_read_default_threads(void) {
     const char *env = getenv("FLASHC_NUM_THREADS");
     if (env && *env) {
         char *end = NULL;
@@ -25,6 +31,16 @@ static int fc_default_threads(void) {
     }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n >= 1 ? (int)(n > 4096 ? 4096 : n) : 1;
+}
+
+/* Read on first use; two threads racing here read the same value. */
+static int fc_default_threads(void) {
+    int n = atomic_load_explicit(&fc_threads_default, memory_order_relaxed);
+    if (n == 0) {
+        n = fc_read_default_threads();
+        atomic_store_explicit(&fc_threads_default, n, memory_order_relaxed);
+    }
+    return n;
 }
 
 void flashc_set_num_threads(int n) { atomic_store(&fc_threads_setting, n > 0 ? n : 0); }
@@ -126,9 +142,16 @@ static void fc_pool_resize(fc_pool *p, int n) {
 }
 
 void fc_pool_run(int64_t ntasks, fc_task_fn fn, void *ctx) {
+    fc_pool_run_on(ntasks, fc_cpu_num_threads(), fn, ctx);
+}
+
+void fc_pool_run_on(int64_t ntasks, int nthreads, fc_task_fn fn, void *ctx) {
     if (ntasks <= 0) return;
     int n = fc_cpu_num_threads();
-    if (n <= 1 || ntasks == 1 || fc_in_task || pthread_mutex_trylock(&fc_pool_owner) != 0) {
+    /* the pool's threads are numbered up to n - 1: the caller's scratch must
+     * cover them all (nthreads < n also when the setting grew since it was sized) */
+    if (n <= 1 || nthreads < n || ntasks == 1 || fc_in_task ||
+        pthread_mutex_trylock(&fc_pool_owner) != 0) {
         for (int64_t t = 0; t < ntasks; t++) fn(ctx, t, 0);
         return;
     }

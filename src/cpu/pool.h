@@ -18,4 +18,10 @@ typedef void (*fc_task_fn)(void *ctx, int64_t task, int thread);
  * per-thread scratch never collides). */
 void fc_pool_run(int64_t ntasks, fc_task_fn fn, void *ctx);
 
+/* fc_pool_run for a caller whose per-thread scratch covers threads [0, nthreads):
+ * the pool runs the tasks only when nthreads >= fc_cpu_num_threads(), else the
+ * calling thread runs them all as thread 0. nthreads = 1 is the small-call path
+ * (fwd.c): no worker is woken (a wake-up and the join cost 10-30 us). */
+void fc_pool_run_on(int64_t ntasks, int nthreads, fc_task_fn fn, void *ctx);
+
 #endif /* FLASHC_CPU_POOL_H */
