@@ -484,7 +484,9 @@ FLASHC_API flashc_status flashc_set_allocator(const flashc_allocator *allocator)
 
 /* ---- CPU backend settings ---- */
 /* flashc_set_num_threads() : threads of the CPU backend's pool (>= 1), or 0 for the
- * default: the environment variable FLASHC_NUM_THREADS if set, else all cores. */
+ * default: the environment variable FLASHC_NUM_THREADS if set, else all cores (both
+ * read once, at the first call that needs them). A forward too small to gain from
+ * threads (about 2^18 multiply-adds) runs on the calling thread alone. */
 FLASHC_API void flashc_set_num_threads(int n);
 FLASHC_API int flashc_get_num_threads(void);
 

@@ -5,8 +5,9 @@
  * D once, the other parameters cycling), an option sweep (every mask / softcap /
  * ALiBi / dropout option under every dtype, lengths and GQA ratios cycling),
  * memory layouts (padded strides, heads-major, qkv- and kv-packed views, KV as a
- * view into a larger buffer), a few long sequences, and a subset run under every
- * SIMD path with 1 and 2 threads. Every case checks out, lse and attn_probs where
+ * view into a larger buffer), a few long sequences, a subset run under every
+ * SIMD path with 1 and 2 threads, and decode shapes (Sq 1..16, GQA groups of 1..8
+ * packed into one task, few keys and many). Every case checks out, lse and attn_probs where
  * present, that rows which see no key give out = 0 and lse = -inf, that nothing
  * outside the output views and no input was written, and the workspace canary.
  */
@@ -318,6 +319,20 @@ FC_TEST_REGISTER(fwd_sweep) {
                 c->simd = simd;
                 c->threads = t;
             }
+
+    // ---- decode and narrow tiles (fwd.c): Sq 1..16 with GQA groups of 1..8 packed
+    // into one task (tiles of 1..64 columns, Q K^T by rows up to FC_FWD_ROW_NQ), few
+    // keys (the small-call path) and enough to be threaded, every SIMD path ----
+    static const int nsq[8] = {1, 2, 3, 5, 7, 9, 16, 1}, ngrp[8] = {1, 3, 2, 1, 8, 1, 4, 3};
+    for (int i = 0; i < 8; i++)
+        for (int big = 0; big < 2; big++) {
+            o = fwd_option(i * 3 + big);
+            if (o.dropout > 0.0f) o = (th_opts)TH_OPTS_NONE; /* probs cost Sk columns */
+            c = fwd_add(fwd_dtypes[(i + big) % 3], 2, nsq[i], big ? 300 : 20, 2 * ngrp[i], 2,
+                        i % 2 ? 128 : 64, o);
+            c->simd = (i + big) % FLASHC_SIMD_COUNT;
+            c->threads = 1 + (i + big) % 2;
+        }
 
     for (int i = 0; i < fwd_ncases; i++) {
         const fwd_case *k = &fwd_cases[i];

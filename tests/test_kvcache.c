@@ -397,6 +397,19 @@ FC_TEST_REGISTER(kvcache_sweep) {
             c->threads = t;
         }
 
+    // ---- decode through the small-call path and threaded (fwd.c), GQA groups of 3
+    // and 4 packed into one task: a paged cache with an append, a contiguous one ----
+    c = kv_add(f32, 2, 1, 6, 2, 64, 300, 16);
+    kv_lens(c, 2, (int[]){250, 298}, 1);
+    c->threads = 2;
+    c = kv_add(f32, 2, 1, 6, 2, 64, 20, 4);
+    kv_lens(c, 2, (int[]){7, 18}, 1);
+    c->threads = 2;
+    c = kv_add(bf, 2, 3, 8, 2, 128, 20, 0);
+    kv_lens(c, 2, (int[]){10, 17}, 3);
+    c->o.causal = 1;
+    c->threads = 2;
+
     // ---- a value head dim Dv other than D: contiguous and paged caches, appends,
     // rotary (over D only), Sq < = > cached keys ----
     c = kv_add(bf, 2, 1, 4, 1, 192, 257, 0);

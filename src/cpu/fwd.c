@@ -86,6 +86,10 @@ static fc_fwd_tiles fc_fwd_pick_tiles(int64_t D) {
     return fc_fwd_tile_table[n - 1];
 }
 
+/* Tiles of at most this many query columns (decode: G * Sq of a GQA group, or
+ * the Sq rows of one head) compute Q K^T by rows (fc_fwd_scores). */
+#define FC_FWD_ROW_NQ 8
+
 /* ---- workspace ---- */
 /* One thread's scratch, fp32 unless said (pairs: uint32 bf16 pairs, see
  * simd.h; only the bf16 dot-product path uses them): */
@@ -100,6 +104,7 @@ enum {
     FC_FWD_L,     /* (ldq)      running sum */
     FC_FWD_ALPHA, /* (ldq)      exp2(m_old - m_new) of the last block */
     FC_FWD_LSE2,  /* (ldq)      m + log2 l, for attn_probs */
+    FC_FWD_SR,    /* (FC_FWD_ROW_NQ, Bc) S of a narrow tile, queries down */
     FC_FWD_NBUF
 };
 
@@ -115,6 +120,20 @@ typedef struct fc_fwd_plan {
     size_t off_scratch; /* nthreads x thread_bytes */
     size_t total;
 } fc_fwd_plan;
+
+/* Multiply-adds of the problem, bounded from its shapes alone (every query row
+ * sees every key): the workspace query of a kvcache call comes before its
+ * sequence lengths are known (kvcache.c), and the query and the run must agree. */
+static double fc_fwd_work(const fc_attn *a) {
+    return (double)a->batch * (double)a->heads * (double)a->max_seqlen_q *
+           (double)a->max_seqlen_k * (double)(a->head_dim + a->head_dim_v);
+}
+
+/* Below this many multiply-adds the calling thread runs every task (the
+ * small-call path): waking the pool's workers and joining them costs 10-30 us
+ * on a loaded 2-core machine, more than such a problem takes on one thread.
+ * bench/NOTES.md (CPU small calls) has the measurement. */
+#define FC_FWD_INLINE_WORK 262144.0
 
 /* The bf16 dot-product kernels of the active path, when they apply. */
 static int fc_fwd_use_dot(const fc_attn *a, const fc_simd_ops *ops) {
@@ -146,9 +165,10 @@ static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_pl
         [FC_FWD_L] = p->ldq * f,
         [FC_FWD_ALPHA] = p->ldq * f,
         [FC_FWD_LSE2] = p->ldq * f,
+        [FC_FWD_SR] = (size_t)FC_FWD_ROW_NQ * t.Bc * f,
     };
     p->thread_bytes = fc_ws_layout(FC_FWD_NBUF, sizes, p->buf);
-    p->nthreads = fc_cpu_num_threads();
+    p->nthreads = fc_fwd_work(a) < FC_FWD_INLINE_WORK ? 1 : fc_cpu_num_threads();
     size_t regions[2] = {(size_t)(a->batch + 1) * sizeof(int64_t),
                          (size_t)p->nthreads * p->thread_bytes};
     size_t offs[2];
@@ -180,10 +200,11 @@ typedef struct fc_fwd_tile {
     int64_t i0;               /* first query row */
     int nq;                   /* columns in the tile: nh heads x nqh rows */
     int nh, nqh;              /* column c: row i0 + c % nqh of head h + c / nqh */
+    int rows;                 /* narrow: Q K^T by rows (fc_fwd_scores), Qi in qt as rows */
     int64_t diag0;            /* i0 + sk - sq: the diagonal of row i0 */
     int64_t jlo, jhi;         /* keys some row sees */
     int64_t jlo_all, jhi_all; /* keys every row sees */
-    float *qt, *o, *st, *k, *v, *m, *l, *alpha, *lse2;
+    float *qt, *o, *st, *k, *v, *m, *l, *alpha, *lse2, *sr;
     uint32_t *p2; /* pairs */
 } fc_fwd_tile;
 
@@ -237,11 +258,60 @@ static void fc_fwd_prefetch(const fc_fwd_ctx *x, const fc_view *v, int64_t dim, 
                             (size_t)dim * es);
 }
 
+/* ---- edge blocks: only their visible part ----
+ * In a block that some row of the tile sees only in part (a causal diagonal, a
+ * window's edges), the GEMMs run on strips of FC_FWD_STRIP keys (Q K^T) or
+ * query columns (P V), each over the columns or keys that the strip can see:
+ * on a causal diagonal about half the block. The masked rest of S^T is set to
+ * -inf (score_mod would mask it anyway) and its P is 0, so the result is the
+ * same as over the whole block. Tiles of one head only (nh = 1): the columns of
+ * a packed GQA tile are not in row order. */
+enum { FC_FWD_STRIP = 16 };
+
+static int fc_fwd_clamp(int64_t v, int hi) { return v < 0 ? 0 : v > hi ? hi : (int)v; }
+
+/* Columns [*ca, *cb) of the tile that see some key of [ja, jb). */
+static void fc_fwd_cols_seeing(const fc_attn *a, const fc_fwd_tile *t, int64_t ja, int64_t jb,
+                               int *ca, int *cb) {
+    int64_t lo = a->window_right >= 0
+                     ? FC_WINDOW_ROW_LO(ja, a->window_right, t->sq, t->sk) - t->i0
+                     : 0;
+    int64_t hi = a->window_left >= 0
+                     ? FC_WINDOW_ROW_HI(jb - 1, a->window_left, t->sq, t->sk) - t->i0 + 1
+                     : t->nq;
+    *ca = fc_fwd_clamp(lo, t->nq);
+    *cb = fc_fwd_clamp(hi, t->nq);
+    if (*cb < *ca) *cb = *ca;
+}
+
+/* Keys [*ra, *rb) of block j0 (nk keys) that some column of [ca, cb) sees. */
+static void fc_fwd_keys_seen(const fc_attn *a, const fc_fwd_tile *t, int64_t j0, int nk, int ca,
+                             int cb, int *ra, int *rb) {
+    int64_t lo = FC_WINDOW_LO(FC_WINDOW_DIAG(t->i0 + ca, t->sq, t->sk), a->window_left);
+    int64_t hi = FC_WINDOW_HI(FC_WINDOW_DIAG(t->i0 + cb - 1, t->sq, t->sk), a->window_right, t->sk);
+    *ra = fc_fwd_clamp(lo - j0, nk);
+    *rb = fc_fwd_clamp(hi - j0, nk);
+    if (*rb < *ra) *rb = *ra;
+}
+
+/* Columns [*ca, *cb) that see some key of strip [r0, r0+rn) of block j0; the
+ * strip's other columns of S^T are set to -inf. */
+static void fc_fwd_edge_fill(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int r0, int rn,
+                             int *ca, int *cb) {
+    fc_fwd_cols_seeing(x->a, t, j0 + r0, j0 + r0 + rn, ca, cb);
+    for (int r = r0; r < r0 + rn; r++) {
+        float *row = t->st + (size_t)r * x->plan->ldq;
+        for (int c = 0; c < *ca; c++) row[c] = -INFINITY;
+        for (int c = *cb; c < t->nq; c++) row[c] = -INFINITY;
+    }
+}
+
 /* S^T of keys [j0, j0+nk) with softcap and ALiBi applied, masked where
  * `edge` (some row of the tile does not see every key of the block). */
 static void fc_fwd_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk, int edge) {
     const fc_attn *a = x->a;
     const fc_fwd_plan *p = x->plan;
+    int strip = edge && t->nh == 1 ? FC_FWD_STRIP : nk; /* the whole block at once */
     if (p->dot) {
         /* bf16 rows are already pairs; an odd D gets a zero high half */
         int D = (int)a->head_dim;
@@ -252,12 +322,34 @@ static void fc_fwd_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
             memcpy(dst, (const uint16_t *)a->k.ptr + off, (size_t)D * sizeof(uint16_t));
             if (D & 1) dst[D] = 0;
         }
-        x->ops->gemm_bf16_nn(nk, t->nq, (D + 1) / 2, k2, p->ldd, (const uint32_t *)t->qt, p->ldq,
-                             t->st, p->ldq, x->qmul, 0);
+        const uint32_t *qt2 = (const uint32_t *)t->qt;
+        for (int r0 = 0; r0 < nk; r0 += strip) {
+            int rn = nk - r0 < strip ? nk - r0 : strip, ca = 0, cb = t->nq;
+            if (strip < nk) fc_fwd_edge_fill(x, t, j0, r0, rn, &ca, &cb);
+            if (cb > ca)
+                x->ops->gemm_bf16_nn(rn, cb - ca, (D + 1) / 2, k2 + (size_t)r0 * p->ldd, p->ldd,
+                                     qt2 + ca, p->ldq, t->st + (size_t)r0 * p->ldq + ca, p->ldq,
+                                     x->qmul, 0);
+        }
+    } else if (t->rows) {
+        /* S = Qi Kj^T with the keys across (gemm_nt transposes Kj in registers),
+         * then S^T: gemm_nn's S^T would fill nq of each vector's lanes */
+        int ldk, D = (int)a->head_dim;
+        const float *k = fc_fwd_rows(x, &a->k, D, t, j0, nk, t->k, &ldk);
+        x->ops->gemm_nt(t->nq, nk, D, t->qt, D, k, ldk, t->sr, p->Bc, 0);
+        for (int r = 0; r < nk; r++)
+            for (int c = 0; c < t->nq; c++)
+                t->st[(size_t)r * p->ldq + c] = t->sr[(size_t)c * p->Bc + r];
     } else {
         int ldk;
         const float *k = fc_fwd_rows(x, &a->k, (int)a->head_dim, t, j0, nk, t->k, &ldk);
-        x->ops->gemm_nn(nk, t->nq, (int)a->head_dim, k, ldk, t->qt, p->ldq, t->st, p->ldq, 0);
+        for (int r0 = 0; r0 < nk; r0 += strip) {
+            int rn = nk - r0 < strip ? nk - r0 : strip, ca = 0, cb = t->nq;
+            if (strip < nk) fc_fwd_edge_fill(x, t, j0, r0, rn, &ca, &cb);
+            if (cb > ca)
+                x->ops->gemm_nn(rn, cb - ca, (int)a->head_dim, k + (size_t)r0 * ldk, ldk,
+                                t->qt + ca, p->ldq, t->st + (size_t)r0 * p->ldq + ca, p->ldq, 0);
+        }
     }
     fc_score_mod mod = {
         .cap = x->sc.cap_log2,
@@ -318,7 +410,7 @@ static void fc_fwd_probs(const fc_fwd_ctx *x, fc_fwd_tile *t) {
 
 /* Oi += P Vj with bf16 dot products: P^T rounded to bf16 (as FlashAttention-2
  * does on the GPU; l already has the fp32 P) and Vj, both in pairs of keys. */
-static void fc_fwd_pv_dot(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk) {
+static void fc_fwd_pv_dot(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk, int edge) {
     const fc_attn *a = x->a;
     const fc_fwd_plan *p = x->plan;
     uint32_t *v2 = (uint32_t *)t->v;
@@ -335,8 +427,33 @@ static void fc_fwd_pv_dot(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
         x->ops->pack_pairs(FLASHC_DTYPE_FP32, t->nq, s0, r + 1 < nk ? s0 + p->ldq : NULL,
                            t->p2 + (size_t)(r / 2) * p->ldq);
     }
-    x->ops->gemm_bf16_tn(t->nq, (int)a->head_dim_v, (nk + 1) / 2, t->p2, p->ldq, v2, p->ldd, t->o,
-                         p->ldd, 1.0f, 1);
+    /* an edge block by strips of columns, over the pairs holding their keys (P
+     * is 0 on the masked key of a pair) */
+    int strip = edge && t->nh == 1 ? FC_FWD_STRIP : t->nq;
+    for (int c0 = 0; c0 < t->nq; c0 += strip) {
+        int cn = t->nq - c0 < strip ? t->nq - c0 : strip, ra = 0, rb = nk;
+        if (strip < t->nq) fc_fwd_keys_seen(a, t, j0, nk, c0, c0 + cn, &ra, &rb);
+        int qa = ra / 2, qb = (rb + 1) / 2;
+        if (qb > qa)
+            x->ops->gemm_bf16_tn(cn, (int)a->head_dim_v, qb - qa, t->p2 + (size_t)qa * p->ldq + c0,
+                                 p->ldq, v2 + (size_t)qa * p->ldd, p->ldd,
+                                 t->o + (size_t)c0 * p->ldd, p->ldd, 1.0f, 1);
+    }
+}
+
+/* Oi += P Vj; an edge block by strips of columns, over the keys they see. */
+static void fc_fwd_pv(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk, int edge,
+                      const float *v, int ldv) {
+    const fc_fwd_plan *p = x->plan;
+    int strip = edge && t->nh == 1 ? FC_FWD_STRIP : t->nq;
+    for (int c0 = 0; c0 < t->nq; c0 += strip) {
+        int cn = t->nq - c0 < strip ? t->nq - c0 : strip, ra = 0, rb = nk;
+        if (strip < t->nq) fc_fwd_keys_seen(x->a, t, j0, nk, c0, c0 + cn, &ra, &rb);
+        if (rb > ra)
+            x->ops->gemm_tn(cn, (int)x->a->head_dim_v, rb - ra, t->st + (size_t)ra * p->ldq + c0,
+                            p->ldq, v + (size_t)ra * ldv, ldv, t->o + (size_t)c0 * p->ldd, p->ldd,
+                            1);
+    }
 }
 
 static void fc_fwd_task(void *vctx, int64_t task, int thread) {
@@ -380,6 +497,7 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
         t.nqh = (int)(t.sq - t.i0 < p->Br ? t.sq - t.i0 : p->Br);
     }
     t.nq = t.nh * t.nqh;
+    t.rows = !p->dot && t.nq <= FC_FWD_ROW_NQ;
     t.diag0 = FC_WINDOW_DIAG(t.i0, t.sq, t.sk);
     /* visible ranges are non-decreasing in the row: the tile's rows see at most
      * [lo(first), hi(last)) and all see [lo(last), hi(first)) */
@@ -388,6 +506,7 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
 
     char *s = x->scratch + (size_t)thread * p->thread_bytes;
     t.qt = (float *)(s + p->buf[FC_FWD_QT]);
+    t.sr = (float *)(s + p->buf[FC_FWD_SR]);
     t.o = (float *)(s + p->buf[FC_FWD_O]);
     t.st = (float *)(s + p->buf[FC_FWD_ST]);
     t.k = (float *)(s + p->buf[FC_FWD_K]);
@@ -419,6 +538,14 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
                                 fc_fwd_col_head(&t, c) * a->q.s_head;
             for (int d = 0; d < D; d += 2)
                 qt2[(size_t)(d / 2) * ldq + c] = q[d] | (d + 1 < D ? (uint32_t)q[d + 1] << 16 : 0u);
+        }
+    } else if (t.rows) {
+        /* Qi as rows of D, scaled (gemm_nt's A) */
+        for (int c = 0; c < t.nq; c++) {
+            int64_t off = fc_q_row(a, &a->q, t.b, fc_fwd_col_row(&t, c)) +
+                          fc_fwd_col_head(&t, c) * a->q.s_head;
+            ops->load(a->dtype, D, (const char *)a->q.ptr + off * (int64_t)es,
+                      t.qt + (size_t)c * D, x->qmul);
         }
     } else {
         /* Qi^T, scaled: rows go through Oi */
@@ -454,11 +581,11 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
                                   x->sc.drop_threshold, x->sc.drop_scale);
         if (nk1 > 0) fc_fwd_prefetch(x, &a->v, Dv, &t, j1, nk1);
         if (p->dot)
-            fc_fwd_pv_dot(x, &t, j0, nk);
+            fc_fwd_pv_dot(x, &t, j0, nk, edge);
         else {
             int ldv;
             const float *v = fc_fwd_rows(x, &a->v, Dv, &t, j0, nk, t.v, &ldv);
-            ops->gemm_tn(t.nq, Dv, nk, t.st, ldq, v, ldv, t.o, ldd, 1);
+            fc_fwd_pv(x, &t, j0, nk, edge, v, ldv);
         }
     }
 
@@ -531,6 +658,6 @@ flashc_status fc_cpu_fwd(const fc_attn *a, void *ws, size_t ws_bytes) {
     FC_LOG("cpu fwd: simd=%s bf16_dot=%d Br=%d Bc=%d tasks=%lld threads=%d",
            flashc_simd_name(flashc_simd_active()), p.dot, p.Br, p.Bc, (long long)task0[a->batch],
            p.nthreads);
-    fc_pool_run(task0[a->batch], fc_fwd_task, &x);
+    fc_pool_run_on(task0[a->batch], p.nthreads, fc_fwd_task, &x);
     return FLASHC_OK;
 }
