@@ -84,10 +84,12 @@ def _maybe_contiguous(x):
 
 
 def _fill(struct, **fields):
-    """An args struct: tensors (or None = absent) described, ints set as they are."""
+    """An args struct: tensors described, ints set as they are; None leaves the field
+    absent as struct() made it (all zeros), which is what describe(None) gives."""
     a = struct()
     for name, value in fields.items():
-        setattr(a, name, value if isinstance(value, int) else _lib.describe(value, name))
+        if value is not None:
+            setattr(a, name, value if isinstance(value, int) else _lib.describe(value, name))
     return a
 
 
