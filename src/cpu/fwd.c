@@ -87,7 +87,10 @@ static fc_fwd_tiles fc_fwd_pick_tiles(int64_t D) {
 }
 
 /* Tiles of at most this many query columns (decode: G * Sq of a GQA group, or
- * the Sq rows of one head) compute Q K^T by rows (fc_fwd_scores). */
+ * the Sq rows of one head) compute Q K^T by rows (fc_fwd_scores) on the AVX-512
+ * path. Not on AVX2: its gemm_nt transposes 8 x 8 blocks, and with K streaming
+ * from memory (32 heads x 1k..4k keys, fp32) that was 15-25% slower than
+ * gemm_nn's narrow columns, though 6-12% faster from cache (bench/NOTES.md). */
 #define FC_FWD_ROW_NQ 8
 
 /* ---- workspace ---- */
@@ -113,6 +116,7 @@ typedef struct fc_fwd_plan {
     int ldq;                 /* Br rounded up to 16: rows of Qi^T and S^T */
     int ldd;                 /* max(D, Dv) rounded up to 16: rows of Oi, Kj, Vj */
     int dot;                 /* bf16 inputs on a path with bf16 dot products */
+    int rows_nq;             /* tiles of at most this many columns: Q K^T by rows */
     size_t buf[FC_FWD_NBUF]; /* byte offsets inside one thread's scratch */
     size_t thread_bytes;     /* one thread's scratch, whole cache lines */
     int nthreads;
@@ -152,6 +156,7 @@ static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_pl
     p->ldq = (t.Br + 15) / 16 * 16;
     p->ldd = (int)((dmax + 15) / 16 * 16);
     p->dot = fc_fwd_use_dot(a, ops);
+    p->rows_nq = ops->level == FLASHC_SIMD_AVX512 ? FC_FWD_ROW_NQ : 0;
     size_t f = sizeof(float), D = (size_t)a->head_dim;
     size_t pairs = (size_t)(t.Bc + 1) / 2;
     size_t sizes[FC_FWD_NBUF] = {
@@ -497,7 +502,7 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
         t.nqh = (int)(t.sq - t.i0 < p->Br ? t.sq - t.i0 : p->Br);
     }
     t.nq = t.nh * t.nqh;
-    t.rows = !p->dot && t.nq <= FC_FWD_ROW_NQ;
+    t.rows = !p->dot && t.nq <= p->rows_nq;
     t.diag0 = FC_WINDOW_DIAG(t.i0, t.sq, t.sk);
     /* visible ranges are non-decreasing in the row: the tile's rows see at most
      * [lo(first), hi(last)) and all see [lo(last), hi(first)) */
