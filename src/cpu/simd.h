@@ -80,6 +80,10 @@ typedef struct fc_simd_ops {
     /* C[M][N] = (acc ? C : 0) + scale * sum_p A[p][m] . B[p][n] */
     void (*gemm_bf16_tn)(int M, int N, int K2, const uint32_t *A, int lda, const uint32_t *B,
                          int ldb, float *C, int ldc, float scale, int acc);
+    /* C[M][N] = (acc ? C : 0) + scale * sum_p A[m][p] . B[n][p] (rows of A
+     * against rows of B: Qi Kj^T and dOi Vj^T of the backward) */
+    void (*gemm_bf16_nt)(int M, int N, int K2, const uint32_t *A, int lda, const uint32_t *B,
+                         int ldb, float *C, int ldc, float scale, int acc);
     /* dst[i] = bf16(r0[i]) | bf16(r1[i]) << 16 for i < n: two rows of dtype dt
      * (fp32 or bf16) interleaved into pairs, fp32 rounded to nearest even
      * (denormals may flush to 0); r1 == NULL gives 0 high halves. */

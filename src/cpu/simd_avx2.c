@@ -471,5 +471,5 @@ const fc_simd_ops fc_simd_avx2_ops = {
     FLASHC_SIMD_AVX2,  fc_avx2_gemm_nn,   fc_avx2_gemm_nt,      fc_avx2_gemm_tn,
     fc_avx2_exp2_sum,  fc_avx2_max,       fc_avx2_scale,        fc_avx2_load,
     fc_avx2_store,     fc_avx2_score_mod, fc_avx2_softmax_cols, fc_avx2_dropout_cols,
-    0,                 NULL,              NULL,                 NULL, /* no bf16 dot products */
+    0,                 NULL,              NULL,                 NULL, NULL, /* no bf16 dot products */
 };

@@ -13,7 +13,8 @@
  * the stack with 16 x 16 in-register transposes. Column tails use masked loads
  * and stores, row tails a smaller instance of the kernel. The bf16 GEMMs are
  * the same kernel on vdpbf16ps: one pair of the inner dimension per step, 32
- * multiply-adds per instruction instead of 16 (twice the fp32 rate on Zen4).
+ * multiply-adds per instruction instead of 16 (twice the fp32 rate on Zen4);
+ * gemm_bf16_nt transposes panels of B as gemm_nt does (a pair is one 32-bit word).
  *
  * exp2: x = n + f with n = round(x), |f| <= 1/2; 2^f from a degree-6
  * polynomial (the Chebyshev interpolant of 2^f on [-1/2, 1/2], at most 1.4
@@ -214,29 +215,6 @@ static void fc_pack_bt(int n, int kc, const float *B, int ldb, float *bt) {
             fc_transpose16(r);
             int kn = kc - k0 < 16 ? kc - k0 : 16;
             for (int i = 0; i < kn; i++) _mm512_storeu_ps(bt + (size_t)(k0 + i) * FC_NR + j0, r[i]);
-        }
-    }
-}
-
-static void fc_avx512_gemm_nt(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
-                              float *C, int ldc, int acc) {
-    if (K == 0) {
-        fc_gemm(0, M, N, 0, A, lda, B, ldb, C, ldc, acc);
-        return;
-    }
-    float bt[FC_KC * FC_NR] __attribute__((aligned(64))); /* B^T panel, 32 KB */
-    for (int n0 = 0; n0 < N; n0 += FC_NR) {
-        int n = N - n0 < FC_NR ? N - n0 : FC_NR;
-        int nv = (n + 15) / 16;
-        __mmask16 ml = fc_mask(n - 16 * (nv - 1));
-        for (int k0 = 0; k0 < K; k0 += FC_KC) {
-            int kc = K - k0 < FC_KC ? K - k0 : FC_KC;
-            fc_pack_bt(n, kc, B + (size_t)n0 * ldb + k0, ldb, bt);
-            for (int m0 = 0; m0 < M; m0 += FC_MR) {
-                int R = M - m0 < FC_MR ? M - m0 : FC_MR;
-                fc_tile_n(R, nv, kc, A + (size_t)m0 * lda + k0, lda, bt, FC_NR,
-                          C + (size_t)m0 * ldc + n0, ldc, acc || k0 > 0, ml);
-            }
         }
     }
 }
@@ -551,6 +529,49 @@ static void fc_avx512_gemm_bf16_tn(int M, int N, int K2, const uint32_t *A, int 
     fc_gemm_bf16(1, M, N, K2, A, lda, B, ldb, C, ldc, scale, acc);
 }
 
+/* ---- nt: fp32 and bf16 ---- */
+/* Rows of A against rows of B, fp32 (bf16 = 0) or bf16 pairs (bf16 = 1, with
+ * scale): each 64-row x 128-element panel of B is transposed onto the stack
+ * (fc_pack_bt moves 32-bit words, so a pair travels whole) and the nn kernel
+ * runs on it. The panels of the inner dimension after the first add to C (for
+ * bf16 with the same scale: scale (s0 + s1) as scale s0 + scale s1). */
+static void fc_gemm_nt(int bf16, int M, int N, int K, const void *A, int lda, const void *B,
+                       int ldb, float *C, int ldc, float scale, int acc) {
+    const float *a = (const float *)A, *b = (const float *)B; /* 32-bit words */
+    if (K == 0) {
+        if (bf16)
+            fc_gemm_bf16(0, M, N, 0, (const uint32_t *)A, lda, (const uint32_t *)B, ldb, C, ldc,
+                         scale, acc);
+        else
+            fc_gemm(0, M, N, 0, a, lda, b, ldb, C, ldc, acc);
+        return;
+    }
+    float bt[FC_KC * FC_NR] __attribute__((aligned(64))); /* B^T panel, 32 KB */
+    for (int n0 = 0; n0 < N; n0 += FC_NR) {
+        int n = N - n0 < FC_NR ? N - n0 : FC_NR;
+        for (int k0 = 0; k0 < K; k0 += FC_KC) {
+            int kc = K - k0 < FC_KC ? K - k0 : FC_KC;
+            fc_pack_bt(n, kc, b + (size_t)n0 * ldb + k0, ldb, bt);
+            if (bf16)
+                fc_gemm_bf16(0, M, n, kc, (const uint32_t *)(a + k0), lda, (const uint32_t *)bt,
+                             FC_NR, C + n0, ldc, scale, acc || k0 > 0);
+            else
+                fc_gemm(0, M, n, kc, a + k0, lda, bt, FC_NR, C + n0, ldc, acc || k0 > 0);
+        }
+    }
+}
+
+static void fc_avx512_gemm_nt(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                              float *C, int ldc, int acc) {
+    fc_gemm_nt(0, M, N, K, A, lda, B, ldb, C, ldc, 1.0f, acc);
+}
+
+static void fc_avx512_gemm_bf16_nt(int M, int N, int K2, const uint32_t *A, int lda,
+                                   const uint32_t *B, int ldb, float *C, int ldc, float scale,
+                                   int acc) {
+    fc_gemm_nt(1, M, N, K2, A, lda, B, ldb, C, ldc, scale, acc);
+}
+
 static void fc_avx512_pack_pairs(flashc_dtype dt, int n, const void *r0, const void *r1,
                                  uint32_t *dst) {
     /* a vector with r0 in words 0..15 and r1 in 16..31 becomes 16 pairs */
@@ -578,5 +599,6 @@ const fc_simd_ops fc_simd_avx512_ops = {
     FLASHC_SIMD_AVX512,    fc_avx512_gemm_nn,      fc_avx512_gemm_nt,      fc_avx512_gemm_tn,
     fc_avx512_exp2_sum,    fc_avx512_max,          fc_avx512_scale,        fc_avx512_load,
     fc_avx512_store,       fc_avx512_score_mod,    fc_avx512_softmax_cols, fc_avx512_dropout_cols,
-    FLASHC_CPU_AVX512BF16, fc_avx512_gemm_bf16_nn, fc_avx512_gemm_bf16_tn, fc_avx512_pack_pairs,
+    FLASHC_CPU_AVX512BF16, fc_avx512_gemm_bf16_nn, fc_avx512_gemm_bf16_tn, fc_avx512_gemm_bf16_nt,
+    fc_avx512_pack_pairs,
 };

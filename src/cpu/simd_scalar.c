@@ -129,5 +129,5 @@ const fc_simd_ops fc_simd_scalar_ops = {
     FLASHC_SIMD_SCALAR, fc_scalar_gemm_nn, fc_scalar_gemm_nt, fc_scalar_gemm_tn,
     fc_scalar_exp2_sum, fc_scalar_max,     fc_scalar_scale,   fc_scalar_load,
     fc_scalar_store,  fc_scalar_score_mod, fc_scalar_softmax_cols, fc_scalar_dropout_cols,
-    0,                NULL,                NULL,              NULL, /* no bf16 dot products */
+    0,                NULL,                NULL,              NULL, NULL, /* no bf16 dot products */
 };
