@@ -45,7 +45,7 @@ typedef struct bw_case {
     int simd, threads;
 } bw_case;
 
-enum { BW_MAX = 360 };
+enum { BW_MAX = 400 };
 static bw_case bw_cases[BW_MAX];
 static int bw_ncases;
 
@@ -419,6 +419,35 @@ FC_TEST_REGISTER(bwd_sweep) {
                 c->threads = t;
                 c->repeat = 1;
             }
+
+    // ---- bf16 on AVX-512 (its bf16 dot products where the CPU has
+    // AVX512_BF16): head dims odd and off the multiples of 2, 16 and 32,
+    // Dv != D, Sq != Sk both ways with diagonals at odd offsets across
+    // several tiles (the sub-blocks of boundary tiles), both schedules, twice ----
+    static const int bdims[7][2] = {{7, 0}, {18, 0}, {33, 17}, {40, 0}, {72, 40}, {100, 0}, {128, 0}};
+    static const int blens[5][2] = {{197, 262}, {262, 197}, {131, 131}, {1, 300}, {300, 1}};
+    static const int bopts[12] = {1, 5, 4, 0, 11, 12, 9, 2, 3, 8, 6, 1};
+    for (int i = 0; i < 12; i++) {
+        const int *l = blens[i % 5], *g = gqa[i % 4];
+        c = bw_add(FLASHC_DTYPE_BF16, 1 + i % 2, l[0], l[1], g[0], g[1], bdims[i % 7][0],
+                   bw_option(bopts[i]));
+        c->Dv = bdims[i % 7][1];
+        c->simd = FLASHC_SIMD_AVX512;
+        c->threads = 1 + i % 2;
+        c->repeat = 1;
+        c->qr = i % 3 == 2 ? 10.0 : 3.0;
+    }
+    static const int clens[4][2] = {{257, 320}, {320, 257}, {255, 255}, {129, 450}};
+    for (int i = 0; i < 8; i++) {
+        th_opts oc = TH_OPTS_NONE;
+        oc.causal = 1;
+        if (i >= 4) oc.wl = 37; /* a local window: both edges of the band */
+        c = bw_add(FLASHC_DTYPE_BF16, 1, clens[i % 4][0], clens[i % 4][1], 2, 1, 64 + 16 * (i % 2),
+                   oc);
+        c->simd = FLASHC_SIMD_AVX512;
+        c->threads = 1 + i % 2;
+        c->repeat = 1;
+    }
 
     for (int i = 0; i < bw_ncases; i++) {
         const bw_case *k = &bw_cases[i];

@@ -37,9 +37,21 @@
  * simd_*.c sum each element over k in a fixed order that pointer alignment
  * does not change.)
  *
+ * bf16 on a path with bf16 dot products (AVX512_BF16, simd.h): the five
+ * products run on vdpbf16ps, twice the fp32 rate, with fp32 sums. Qi, dOi, Kj,
+ * Vj are the inputs as they are, in pairs along the head dim (S, dP: the nt
+ * form) and in pairs of rows (dV, dK: tn; dQ: nn); P o Z and dS are rounded to
+ * bf16 before their products, as FlashAttention-2 does on the GPU (and as the
+ * tests' same-precision baseline does), while Delta and the dS formula use the
+ * fp32 P and dP. fp16 and fp32 stay on the fp32 GEMMs (no AVX512_FP16 path).
+ *
  * Masks: tiles no row of the tile sees are skipped in both schedules (by the
  * same test); only tiles on the boundary of a causal or local window apply the
- * element mask.
+ * element mask. A boundary tile runs in sub-blocks of FC_BWD_SUB query rows
+ * (S, dP, dQ) and FC_BWD_SUB keys (dV, dK), each over the span of keys or rows
+ * it can see (fc_bwd_blocks_make): on a causal diagonal the GEMMs do about 5/8
+ * of the tile instead of all of it. What a span leaves out is masked, so its S
+ * and dP are set to 0 (P = 0 and dS = 0 after the mask).
  *
  * Not here: paging (the backward has none; rows are still read through
  * fc_q_row / fc_kv_row), vector code (all of it goes through fc_simd()),
@@ -68,6 +80,9 @@ typedef struct fc_bwd_tile_size {
     int br, bc;
 } fc_bwd_tile_size;
 
+/* At most FC_BWD_BR_MAX x FC_BWD_BC_MAX (the sub-block tables of a tile), Br even
+ * (pairs of rows of the bf16 products start on an even row). */
+enum { FC_BWD_BR_MAX = 64, FC_BWD_BC_MAX = 128 };
 static const fc_bwd_tile_size fc_bwd_tile_table[] = {
     {64, 64, 128},
     {128, 64, 128},
@@ -82,9 +97,13 @@ enum {
     FC_WS_P,      /* (Br, Bc) S, then P, then dS */
     FC_WS_DP,     /* (Br, Bc) P o Z, then dP */
     FC_WS_DTANH,  /* (Br, Bc) 1 - tanh^2 (softcap) */
+    FC_WS_PS2R,   /* bf16: (Br/2, Bc) P o Z, then dS, in pairs of rows */
+    FC_WS_DS2K,   /* bf16: (Br, Bc/2) dS in pairs of keys */
     FC_WS_DROP,   /* (Br, Bc) dropout multipliers Z (0 or 1/(1-p)) */
     FC_WS_LSE,    /* (Br) lse of the tile's rows */
     FC_WS_DELTA,  /* (Br) Delta of the tile's rows */
+    /* K, V, Q, DO hold fp32 rows, or with bf16 dot products (plan.dot) the
+     * operands in pairs (fc_bwd_scratch); bf16 problems size them for both */
     FC_WS_Q,      /* fused: (Sq, D) Q of the head; two-pass: (Br, D) Qi; Delta: a row of O (Dv) */
     FC_WS_DO,     /* fused: (Sq, Dv) dO of the head; two-pass: (Br, Dv) dOi */
     FC_WS_DQ,     /* fused: (Sq, D) dQ of the head; two-pass: (Br, D) dQi */
@@ -99,6 +118,7 @@ typedef struct fc_bwd_plan {
     int64_t sq, sk;      /* longest query / key sequence */
     int threads;
     bool fused;
+    bool dot;                /* bf16 dot products (fc_bwd_use_dot) */
     size_t off[FC_WS_COUNT]; /* region offsets inside one thread's scratch */
     size_t thread_bytes;     /* one thread's scratch, a multiple of FLASHC_WORKSPACE_ALIGN */
     size_t delta_off, scratch_off, total;
@@ -126,8 +146,18 @@ static bool fc_bwd_use_fused(const fc_attn *a, int threads) {
     return 4 * tasks >= 3 * rounds * (int64_t)threads;
 }
 
-/* Fill the plan for the current thread count; returns the workspace bytes. */
-static size_t fc_bwd_plan_make(const fc_attn *a, fc_bwd_plan *pl) {
+/* The bf16 dot-product kernels of the path, when they apply (simd.h). */
+static bool fc_bwd_use_dot(const fc_attn *a, const fc_simd_ops *ops) {
+    return a->dtype == FLASHC_DTYPE_BF16 && ops->gemm_bf16_nn && ops->gemm_bf16_tn &&
+           ops->gemm_bf16_nt && ops->pack_pairs &&
+           (flashc_cpu_features() & ops->bf16_cpu) == ops->bf16_cpu;
+}
+
+static size_t fc_bwd_max_size(size_t x, size_t y) { return x > y ? x : y; }
+
+/* Fill the plan for the current thread count and SIMD path ops; returns the
+ * workspace bytes, which do not depend on the path. */
+static size_t fc_bwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_bwd_plan *pl) {
     memset(pl, 0, sizeof *pl);
     int t = 0;
     int64_t dmax = a->head_dim > a->head_dim_v ? a->head_dim : a->head_dim_v;
@@ -141,21 +171,30 @@ static size_t fc_bwd_plan_make(const fc_attn *a, fc_bwd_plan *pl) {
     pl->sk = fc_bwd_longest(a, true);
     pl->threads = fc_cpu_num_threads();
     pl->fused = fc_bwd_use_fused(a, pl->threads);
+    pl->dot = fc_bwd_use_dot(a, ops);
 
     size_t f = sizeof(float), d = (size_t)pl->d, dv = (size_t)pl->dv;
     size_t br = (size_t)pl->br, bc = (size_t)pl->bc;
     size_t rows_q = pl->fused ? (size_t)pl->sq : br, rows_k = pl->fused ? (size_t)pl->sk : bc;
+    /* bf16 pairs (uint32): along D and Dv, and of rows */
+    size_t u = a->dtype == FLASHC_DTYPE_BF16 ? sizeof(uint32_t) : 0;
+    size_t d2 = (d + 1) / 2, dv2 = (dv + 1) / 2, bc2 = (bc + 1) / 2, br2 = (br + 1) / 2;
+    size_t rows_q2 = (rows_q + 1) / 2;
     size_t sizes[FC_WS_COUNT];
-    sizes[FC_WS_K] = bc * d * f;
-    sizes[FC_WS_V] = bc * dv * f;
+    sizes[FC_WS_K] = fc_bwd_max_size(bc * d * f, (bc * d2 + bc2 * d) * u);
+    sizes[FC_WS_V] = fc_bwd_max_size(bc * dv * f, bc * dv2 * u);
     sizes[FC_WS_P] = sizes[FC_WS_DP] = br * bc * f;
     sizes[FC_WS_DTANH] = a->softcap > 0.0f ? br * bc * f : 0;
+    sizes[FC_WS_PS2R] = br2 * bc * u;
+    sizes[FC_WS_DS2K] = br * bc2 * u;
     sizes[FC_WS_DROP] = a->dropout_p > 0.0f ? br * bc * f : 0;
     sizes[FC_WS_LSE] = sizes[FC_WS_DELTA] = br * f;
     /* Q also holds one row of out (Dv) in the Delta pass */
-    sizes[FC_WS_Q] = (rows_q > 1 ? rows_q : 1) * (d > dv ? d : dv) * f;
+    sizes[FC_WS_Q] = fc_bwd_max_size((rows_q > 1 ? rows_q : 1) * (d > dv ? d : dv) * f,
+                                     (rows_q * d2 + rows_q2 * d) * u);
     sizes[FC_WS_DQ] = rows_q * d * f;
-    sizes[FC_WS_DO] = (rows_q > 1 ? rows_q : 1) * dv * f;
+    sizes[FC_WS_DO] = fc_bwd_max_size((rows_q > 1 ? rows_q : 1) * dv * f,
+                                      (rows_q * dv2 + rows_q2 * dv) * u);
     sizes[FC_WS_DK] = rows_k * d * f;
     sizes[FC_WS_DV] = rows_k * dv * f;
     pl->thread_bytes = fc_ws_layout(FC_WS_COUNT, sizes, pl->off);
@@ -193,6 +232,15 @@ typedef struct fc_bwd_scratch {
     float *lse, *delta;     /* (Br) */
     float *q, *dout, *dq;   /* (Sq or Br, D); dout: Dv */
     float *dk, *dv;         /* (Sk or Bc, D); dv: Dv */
+    /* bf16 dot products (plan.dot), in the regions of k, v, q, dout; D2, Dv2:
+     * (D + 1) / 2, (Dv + 1) / 2 pairs (an odd length ends in a zero half);
+     * rows: Sq (fused) or Br (two-pass); pairs of rows: (2p, 2p + 1) */
+    uint32_t *k2d, *k2r;    /* (Bc, D2) Kj; (Bc/2, D) pairs of its rows */
+    uint32_t *v2d;          /* (Bc, Dv2) Vj */
+    uint32_t *q2d, *q2r;    /* (rows, D2) Q; (rows/2, D) pairs of its rows */
+    uint32_t *do2d, *do2r;  /* (rows, Dv2) dO; (rows/2, Dv) pairs of its rows */
+    uint32_t *ps2r;         /* (Br/2, Bc) P o Z, then dS, pairs of rows */
+    uint32_t *ds2k;         /* (Br, Bc/2) dS, pairs of keys */
 } fc_bwd_scratch;
 
 static bool fc_bwd_scratch_get(fc_bwd_ctx *c, int thread, fc_bwd_scratch *s) {
@@ -215,6 +263,17 @@ static bool fc_bwd_scratch_get(fc_bwd_ctx *c, int thread, fc_bwd_scratch *s) {
     s->dq = (float *)(base + o[FC_WS_DQ]);
     s->dk = (float *)(base + o[FC_WS_DK]);
     s->dv = (float *)(base + o[FC_WS_DV]);
+    size_t rows = (size_t)(c->pl.fused ? c->pl.sq : c->pl.br);
+    size_t d = (size_t)c->pl.d, dv = (size_t)c->pl.dv;
+    s->k2d = (uint32_t *)s->k;
+    s->k2r = s->k2d + (size_t)c->pl.bc * ((d + 1) / 2);
+    s->v2d = (uint32_t *)s->v;
+    s->q2d = (uint32_t *)s->q;
+    s->q2r = s->q2d + rows * ((d + 1) / 2);
+    s->do2d = (uint32_t *)s->dout;
+    s->do2r = s->do2d + rows * ((dv + 1) / 2);
+    s->ps2r = (uint32_t *)(base + o[FC_WS_PS2R]);
+    s->ds2k = (uint32_t *)(base + o[FC_WS_DS2K]);
     return true;
 }
 
@@ -235,30 +294,89 @@ static inline float *fc_bwd_delta_row(const fc_bwd_ctx *c, int64_t b, int64_t h)
     return c->delta + (b * c->a->heads + h) * c->pl.sq;
 }
 
-/* Rows [i0, i0 + n) of head h of q and dout as fp32, into q (ld D) and dout
- * (ld Dv). */
-static void fc_bwd_load_q(const fc_bwd_ctx *c, int64_t b, int64_t h, int64_t i0, int64_t n,
-                          float *q, float *dout) {
+/* A bf16 row of n elements as (n + 1) / 2 pairs: an odd n ends in a zero half. */
+static void fc_bwd_row_pairs(const void *src, int n, uint32_t *dst) {
+    memcpy(dst, src, (size_t)n * sizeof(uint16_t));
+    if (n & 1) ((uint16_t *)dst)[n] = 0;
+}
+
+/* Rows [i0, i0 + n) of head h of q and dout into the scratch's first rows: as
+ * fp32 into s->q (ld D) and s->dout (ld Dv), or (plan.dot) as pairs into
+ * q2d, q2r, do2d, do2r. i0 is even, so the pairs of rows are the same for the
+ * whole head (fused) and for a tile (two-pass). */
+static void fc_bwd_load_q(const fc_bwd_ctx *c, const fc_bwd_scratch *s, int64_t b, int64_t h,
+                          int64_t i0, int64_t n) {
     const fc_attn *a = c->a;
     int d = (int)c->pl.d, dv = (int)c->pl.dv;
+    if (c->pl.dot) {
+        size_t d2 = (size_t)(d + 1) / 2, dv2 = (size_t)(dv + 1) / 2;
+        for (int64_t r = 0; r < n; r++) {
+            fc_bwd_row_pairs(fc_bwd_qrow(c, &a->q, b, h, i0 + r), d, s->q2d + (size_t)r * d2);
+            fc_bwd_row_pairs(fc_bwd_qrow(c, &a->dout, b, h, i0 + r), dv, s->do2d + (size_t)r * dv2);
+        }
+        for (int64_t r = 0; r < n; r += 2) {
+            bool odd = r + 1 == n; /* the last row of an odd count pairs with zeros */
+            c->ops->pack_pairs(FLASHC_DTYPE_BF16, d, fc_bwd_qrow(c, &a->q, b, h, i0 + r),
+                               odd ? NULL : fc_bwd_qrow(c, &a->q, b, h, i0 + r + 1),
+                               s->q2r + (size_t)(r / 2) * d);
+            c->ops->pack_pairs(FLASHC_DTYPE_BF16, dv, fc_bwd_qrow(c, &a->dout, b, h, i0 + r),
+                               odd ? NULL : fc_bwd_qrow(c, &a->dout, b, h, i0 + r + 1),
+                               s->do2r + (size_t)(r / 2) * dv);
+        }
+        return;
+    }
     for (int64_t r = 0; r < n; r++) {
-        float *qr = q + (size_t)r * d, *dor = dout + (size_t)r * dv;
+        float *qr = s->q + (size_t)r * d, *dor = s->dout + (size_t)r * dv;
         c->ops->load(a->dtype, d, fc_bwd_qrow(c, &a->q, b, h, i0 + r), qr, 1.0f);
         c->ops->load(a->dtype, dv, fc_bwd_qrow(c, &a->dout, b, h, i0 + r), dor, 1.0f);
     }
 }
 
-/* Key rows [j0, j0 + n) of KV head hk as fp32, into s->k (ld D) and s->v
- * (ld Dv). */
+/* Key rows [j0, j0 + n) of KV head hk: as fp32 into s->k (ld D) and s->v
+ * (ld Dv), or (plan.dot) as pairs into k2d, k2r, v2d. */
 static void fc_bwd_load_kv(const fc_bwd_ctx *c, const fc_bwd_scratch *s, int64_t b, int64_t hk,
                            int64_t j0, int n) {
     const fc_attn *a = c->a;
     int d = (int)c->pl.d, dv = (int)c->pl.dv;
+    if (c->pl.dot) {
+        size_t d2 = (size_t)(d + 1) / 2, dv2 = (size_t)(dv + 1) / 2;
+        for (int r = 0; r < n; r++) {
+            fc_bwd_row_pairs(fc_bwd_kvrow(c, &a->k, b, hk, j0 + r), d, s->k2d + (size_t)r * d2);
+            fc_bwd_row_pairs(fc_bwd_kvrow(c, &a->v, b, hk, j0 + r), dv, s->v2d + (size_t)r * dv2);
+        }
+        for (int r = 0; r < n; r += 2)
+            c->ops->pack_pairs(FLASHC_DTYPE_BF16, d, fc_bwd_kvrow(c, &a->k, b, hk, j0 + r),
+                               r + 1 == n ? NULL : fc_bwd_kvrow(c, &a->k, b, hk, j0 + r + 1),
+                               s->k2r + (size_t)(r / 2) * d);
+        return;
+    }
     for (int r = 0; r < n; r++) {
         float *kr = s->k + (size_t)r * d, *vr = s->v + (size_t)r * dv;
         c->ops->load(a->dtype, d, fc_bwd_kvrow(c, &a->k, b, hk, j0 + r), kr, 1.0f);
         c->ops->load(a->dtype, dv, fc_bwd_kvrow(c, &a->v, b, hk, j0 + r), vr, 1.0f);
     }
+}
+
+/* The query-side operands of a tile whose first row is row r (even) of the
+ * scratch: fp32 rows, or (plan.dot) bf16 pairs. */
+typedef struct fc_bwd_qops {
+    const float *q, *dout;                   /* (Br, D), (Br, Dv) */
+    const uint32_t *q2d, *q2r, *do2d, *do2r; /* as in fc_bwd_scratch */
+} fc_bwd_qops;
+
+static fc_bwd_qops fc_bwd_qops_at(const fc_bwd_ctx *c, const fc_bwd_scratch *s, int64_t r) {
+    size_t d = (size_t)c->pl.d, dv = (size_t)c->pl.dv, rr = (size_t)r;
+    fc_bwd_qops x = {NULL, NULL, NULL, NULL, NULL, NULL};
+    if (c->pl.dot) {
+        x.q2d = s->q2d + rr * ((d + 1) / 2);
+        x.q2r = s->q2r + rr / 2 * d;
+        x.do2d = s->do2d + rr * ((dv + 1) / 2);
+        x.do2r = s->do2r + rr / 2 * dv;
+    } else {
+        x.q = s->q + rr * d;
+        x.dout = s->dout + rr * dv;
+    }
+    return x;
 }
 
 /* Store dQ rows (n, D) of src, times scale, as rows [i0, i0 + n) of head h. */
@@ -444,14 +562,171 @@ static void fc_bwd_dscores(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const f
     }
 }
 
-/* Recompute S and P of the tile, then dP and dS (into s->p). q, dout: the
- * tile's rows (Br, D); s->k, s->v, s->lse, s->delta are loaded. With
- * dv != NULL, first dv (Bc, Dv) += (P o Z)^T dOi (dout rows: Dv). */
-static void fc_bwd_tile_ds(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const fc_bwd_tile *t,
-                           const float *q, const float *dout, float *dv) {
-    const fc_simd_ops *ops = c->ops;
+/* ---- sub-blocks of a boundary tile ---- */
+enum { FC_BWD_SUB = 16 }; /* query rows, and keys, of a sub-block */
+
+/* Rows [r0, r1) and key columns [c0, c1) of the tile: a query sub-block with
+ * the keys its rows can see, or a key sub-block with the rows that can see
+ * it. The start of the inner dimension (c0 of a query sub-block, r0 of a key
+ * sub-block) is even, for the pairs of the bf16 products. */
+typedef struct fc_bwd_block {
+    int r0, r1, c0, c1;
+} fc_bwd_block;
+
+typedef struct fc_bwd_blocks {
+    int nq, nk;
+    fc_bwd_block q[FC_BWD_BR_MAX / FC_BWD_SUB]; /* S, dP, dQ */
+    fc_bwd_block k[FC_BWD_BC_MAX / FC_BWD_SUB]; /* dV, dK */
+} fc_bwd_blocks;
+
+static int fc_bwd_clamp(int64_t x, int hi) { return x < 0 ? 0 : x > hi ? hi : (int)x; }
+
+/* A full tile is one block of both kinds. For a boundary tile, with row r
+ * seeing columns [lo(r), hi(r)) (both non-decreasing in r, fc_bwd_tile_kind),
+ * query sub-block [r0, r1) sees at most [lo(r0), hi(r1 - 1)) and key sub-block
+ * [c0, c1) is seen at most by rows from the first with hi > c0 to the last with
+ * lo < c1. An empty span becomes [0, 0). */
+static void fc_bwd_blocks_make(const fc_attn *a, const fc_bwd_tile *t, fc_bwd_blocks *bl) {
+    if (t->kind == FC_TILE_FULL) {
+        bl->nq = bl->nk = 1;
+        bl->q[0] = bl->k[0] = (fc_bwd_block){0, t->br, 0, t->bc};
+        return;
+    }
+    int lo[FC_BWD_BR_MAX], hi[FC_BWD_BR_MAX];
+    for (int r = 0; r < t->br; r++) {
+        int64_t l, h;
+        fc_key_range(a, t->sq, t->sk, t->i0 + r, &l, &h);
+        lo[r] = fc_bwd_clamp(l - t->j0, t->bc);
+        hi[r] = fc_bwd_clamp(h - t->j0, t->bc);
+    }
+    bl->nq = (t->br + FC_BWD_SUB - 1) / FC_BWD_SUB;
+    for (int g = 0; g < bl->nq; g++) {
+        fc_bwd_block *q = &bl->q[g];
+        q->r0 = g * FC_BWD_SUB;
+        q->r1 = q->r0 + FC_BWD_SUB < t->br ? q->r0 + FC_BWD_SUB : t->br;
+        q->c0 = lo[q->r0] & ~1;
+        q->c1 = hi[q->r1 - 1];
+        if (q->c1 <= lo[q->r0]) q->c0 = q->c1 = 0;
+    }
+    bl->nk = (t->bc + FC_BWD_SUB - 1) / FC_BWD_SUB;
+    for (int g = 0; g < bl->nk; g++) {
+        fc_bwd_block *k = &bl->k[g];
+        k->c0 = g * FC_BWD_SUB;
+        k->c1 = k->c0 + FC_BWD_SUB < t->bc ? k->c0 + FC_BWD_SUB : t->bc;
+        int r0 = 0, r1 = t->br;
+        while (r0 < t->br && hi[r0] <= k->c0) r0++;
+        while (r1 > r0 && lo[r1 - 1] >= k->c1) r1--;
+        k->r0 = r0 & ~1;
+        k->r1 = r1;
+        if (r1 <= r0) k->r0 = k->r1 = 0;
+    }
+}
+
+/* Zero row r0 .. r1 - 1 of x (ld) outside columns [c0, c1), up to bc. */
+static void fc_bwd_zero_outside(float *x, int ld, int bc, const fc_bwd_block *q) {
+    for (int r = q->r0; r < q->r1; r++) {
+        float *row = x + (size_t)r * ld;
+        memset(row, 0, (size_t)q->c0 * sizeof(float));
+        memset(row + q->c1, 0, (size_t)(bc - q->c1) * sizeof(float));
+    }
+}
+
+/* x (br, bc; ld Bc) rounded to bf16 in pairs of rows into dst (ld Bc): the
+ * operand A of a tn product. */
+static void fc_bwd_pairs_of_rows(const fc_bwd_ctx *c, const float *x, int br, int bc,
+                                 uint32_t *dst) {
+    size_t ld = (size_t)c->pl.bc;
+    for (int r = 0; r < br; r += 2)
+        c->ops->pack_pairs(FLASHC_DTYPE_FP32, bc, x + r * ld, r + 1 < br ? x + (r + 1) * ld : NULL,
+                           dst + (size_t)(r / 2) * ld);
+}
+
+/* x (br, bc; ld Bc) rounded to bf16 in pairs of keys into dst (ld Bc / 2): the
+ * operand A of an nn product. */
+static void fc_bwd_pairs_of_keys(const fc_bwd_ctx *c, const float *x, int br, int bc,
+                                 uint32_t *dst) {
+    size_t ld = (size_t)c->pl.bc, ld2 = (ld + 1) / 2;
+    for (int r = 0; r < br; r++) {
+        uint16_t *row = (uint16_t *)(dst + r * ld2);
+        c->ops->store(FLASHC_DTYPE_BF16, bc, x + r * ld, row, 1.0f);
+        if (bc & 1) row[bc] = 0;
+    }
+}
+
+/* C (by query sub-block, ld Bc) = rows of A against key rows of B over the keys
+ * each sub-block sees, zero elsewhere: S = Qi Kj^T (n = D) or dP = dOi Vj^T
+ * (n = Dv). a, b: fp32 rows (ld n); a2, b2: pairs along n (plan.dot). */
+static void fc_bwd_rows_by_keys(const fc_bwd_ctx *c, const fc_bwd_blocks *bl, int bc, int n,
+                                const float *a, const float *b, const uint32_t *a2,
+                                const uint32_t *b2, float *C) {
+    int ld = c->pl.bc, n2 = (n + 1) / 2;
+    for (int g = 0; g < bl->nq; g++) {
+        const fc_bwd_block *q = &bl->q[g];
+        float *cq = C + (size_t)q->r0 * ld + q->c0;
+        if (q->c1 > q->c0) {
+            if (c->pl.dot)
+                c->ops->gemm_bf16_nt(q->r1 - q->r0, q->c1 - q->c0, n2, a2 + (size_t)q->r0 * n2, n2,
+                                     b2 + (size_t)q->c0 * n2, n2, cq, ld, 1.0f, 0);
+            else
+                c->ops->gemm_nt(q->r1 - q->r0, q->c1 - q->c0, n, a + (size_t)q->r0 * n, n,
+                                b + (size_t)q->c0 * n, n, cq, ld, 0);
+        }
+        fc_bwd_zero_outside(C, ld, bc, q);
+    }
+}
+
+/* dst (Bc, n) += X^T R by key sub-block over the rows that see it: dVj +=
+ * (P o Z)^T dOi (n = Dv) or dKj += dS^T Qi (n = D). x: (Br, Bc) fp32, r: rows
+ * (ld n); x2, r2: pairs of rows (plan.dot). */
+static void fc_bwd_keys_by_rows(const fc_bwd_ctx *c, const fc_bwd_blocks *bl, int n,
+                                const float *x, const float *r, const uint32_t *x2,
+                                const uint32_t *r2, float *dst) {
+    int ld = c->pl.bc;
+    for (int g = 0; g < bl->nk; g++) {
+        const fc_bwd_block *k = &bl->k[g];
+        int m = k->c1 - k->c0, rows = k->r1 - k->r0;
+        if (rows <= 0) continue;
+        float *dk = dst + (size_t)k->c0 * n;
+        if (c->pl.dot)
+            c->ops->gemm_bf16_tn(m, n, (rows + 1) / 2, x2 + (size_t)(k->r0 / 2) * ld + k->c0, ld,
+                                 r2 + (size_t)(k->r0 / 2) * n, n, dk, n, 1.0f, 1);
+        else
+            c->ops->gemm_tn(m, n, rows, x + (size_t)k->r0 * ld + k->c0, ld,
+                            r + (size_t)k->r0 * n, n, dk, n, 1);
+    }
+}
+
+/* dQi (Br, D) += dS Kj by query sub-block over the keys it sees. */
+static void fc_bwd_dq_by_keys(const fc_bwd_ctx *c, const fc_bwd_scratch *s,
+                              const fc_bwd_blocks *bl, float *dq) {
+    int ld = c->pl.bc, ld2 = (ld + 1) / 2, d = (int)c->pl.d;
+    for (int g = 0; g < bl->nq; g++) {
+        const fc_bwd_block *q = &bl->q[g];
+        int nc = q->c1 - q->c0;
+        if (nc <= 0) continue;
+        float *dqq = dq + (size_t)q->r0 * d;
+        if (c->pl.dot)
+            c->ops->gemm_bf16_nn(q->r1 - q->r0, d, (nc + 1) / 2,
+                                 s->ds2k + (size_t)q->r0 * ld2 + q->c0 / 2, ld2,
+                                 s->k2r + (size_t)(q->c0 / 2) * d, d, dqq, d, 1.0f, 1);
+        else
+            c->ops->gemm_nn(q->r1 - q->r0, d, nc, s->p + (size_t)q->r0 * ld + q->c0, ld,
+                            s->k + (size_t)q->c0 * d, d, dqq, d, 1);
+    }
+}
+
+/* One tile: recompute S and P, then (dv != NULL) dVj += (P o Z)^T dOi, dP,
+ * dS (into s->p), then (dk) dKj += dS^T Qi and (dq) dQi += dS Kj, without the
+ * factor scale, which the stores apply. x: the tile's rows of q and dout;
+ * s->k, s->v (or their pairs), s->lse, s->delta are loaded; dq: (Br, D) rows
+ * of the tile, dk, dv: (Bc, D), (Bc, Dv) rows of the key block. */
+static void fc_bwd_tile_run(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const fc_bwd_tile *t,
+                            const fc_bwd_qops *x, float *dq, float *dk, float *dv) {
     int d = (int)c->pl.d, dvd = (int)c->pl.dv, ld = c->pl.bc, br = t->br, bc = t->bc;
-    ops->gemm_nt(br, bc, d, q, d, s->k, d, s->p, ld, 0);
+    bool dot = c->pl.dot;
+    fc_bwd_blocks bl;
+    fc_bwd_blocks_make(c->a, t, &bl);
+    fc_bwd_rows_by_keys(c, &bl, bc, d, x->q, s->k, x->q2d, s->k2d, s->p);
     fc_bwd_probs(c, s, t);
     if (dv) {
         const float *pz = s->p;
@@ -463,17 +738,25 @@ static void fc_bwd_tile_ds(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const f
             }
             pz = s->dp;
         }
-        ops->gemm_tn(bc, dvd, br, pz, ld, dout, dvd, dv, dvd, 1);
+        if (dot) fc_bwd_pairs_of_rows(c, pz, br, bc, s->ps2r);
+        fc_bwd_keys_by_rows(c, &bl, dvd, pz, x->dout, s->ps2r, x->do2r, dv);
     }
-    ops->gemm_nt(br, bc, dvd, dout, dvd, s->v, dvd, s->dp, ld, 0);
+    fc_bwd_rows_by_keys(c, &bl, bc, dvd, x->dout, s->v, x->do2d, s->v2d, s->dp);
     fc_bwd_dscores(c, s, t);
+    if (dk) {
+        if (dot) fc_bwd_pairs_of_rows(c, s->p, br, bc, s->ps2r);
+        fc_bwd_keys_by_rows(c, &bl, d, s->p, x->q, s->ps2r, x->q2r, dk);
+    }
+    if (dq) {
+        if (dot) fc_bwd_pairs_of_keys(c, s->p, br, bc, s->ds2k);
+        fc_bwd_dq_by_keys(c, s, &bl, dq);
+    }
 }
 
 /* ---- fused schedule: one task per (b, hk) ---- */
 static void fc_bwd_fused_task(void *ctx, int64_t task, int thread) {
     fc_bwd_ctx *c = (fc_bwd_ctx *)ctx;
     const fc_attn *a = c->a;
-    const fc_simd_ops *ops = c->ops;
     fc_bwd_scratch s;
     if (!fc_bwd_scratch_get(c, thread, &s)) return;
     fc_bwd_tile t;
@@ -488,7 +771,7 @@ static void fc_bwd_fused_task(void *ctx, int64_t task, int thread) {
     memset(s.dv, 0, (size_t)t.sk * dvd * sizeof(float));
     for (int64_t g = 0; g < c->pl.group; g++) {
         t.h = hk * c->pl.group + g;
-        fc_bwd_load_q(c, t.b, t.h, 0, t.sq, s.q, s.dout);
+        fc_bwd_load_q(c, &s, t.b, t.h, 0, t.sq);
         memset(s.dq, 0, (size_t)t.sq * d * sizeof(float));
         for (t.j0 = 0; t.j0 < t.sk; t.j0 += ld) {
             t.bc = (int)(t.sk - t.j0 < ld ? t.sk - t.j0 : ld);
@@ -499,12 +782,10 @@ static void fc_bwd_fused_task(void *ctx, int64_t task, int thread) {
                 if (t.kind == FC_TILE_SKIP) continue;
                 if (!loaded) fc_bwd_load_kv(c, &s, t.b, hk, t.j0, t.bc);
                 loaded = true;
-                const float *q = s.q + (size_t)t.i0 * d, *dout = s.dout + (size_t)t.i0 * dvd;
-                float *dk = s.dk + (size_t)t.j0 * d, *dv = s.dv + (size_t)t.j0 * dvd;
+                fc_bwd_qops x = fc_bwd_qops_at(c, &s, t.i0);
                 fc_bwd_load_stats(c, &s, t.b, t.h, t.i0, t.br);
-                fc_bwd_tile_ds(c, &s, &t, q, dout, dv);
-                ops->gemm_tn(t.bc, d, t.br, s.p, ld, q, d, dk, d, 1);
-                ops->gemm_nn(t.br, d, t.bc, s.p, ld, s.k, d, s.dq + (size_t)t.i0 * d, d, 1);
+                fc_bwd_tile_run(c, &s, &t, &x, s.dq + (size_t)t.i0 * d, s.dk + (size_t)t.j0 * d,
+                                s.dv + (size_t)t.j0 * dvd);
             }
         }
         fc_bwd_store_dq(c, t.b, t.h, 0, t.sq, s.dq);
@@ -518,7 +799,6 @@ static void fc_bwd_fused_task(void *ctx, int64_t task, int thread) {
 static void fc_bwd_dkdv_task(void *ctx, int64_t task, int thread) {
     fc_bwd_ctx *c = (fc_bwd_ctx *)ctx;
     const fc_attn *a = c->a;
-    const fc_simd_ops *ops = c->ops;
     fc_bwd_scratch s;
     if (!fc_bwd_scratch_get(c, thread, &s)) return;
     int64_t nbhk = a->batch * a->kv_heads, bhk = task % nbhk;
@@ -540,10 +820,10 @@ static void fc_bwd_dkdv_task(void *ctx, int64_t task, int thread) {
             t.br = (int)(t.sq - t.i0 < c->pl.br ? t.sq - t.i0 : c->pl.br);
             t.kind = fc_bwd_tile_kind(a, t.sq, t.sk, t.i0, t.i0 + t.br, t.j0, t.j0 + t.bc);
             if (t.kind == FC_TILE_SKIP) continue;
-            fc_bwd_load_q(c, t.b, t.h, t.i0, t.br, s.q, s.dout);
+            fc_bwd_load_q(c, &s, t.b, t.h, t.i0, t.br);
             fc_bwd_load_stats(c, &s, t.b, t.h, t.i0, t.br);
-            fc_bwd_tile_ds(c, &s, &t, s.q, s.dout, s.dv);
-            ops->gemm_tn(t.bc, d, t.br, s.p, ld, s.q, d, s.dk, d, 1);
+            fc_bwd_qops x = fc_bwd_qops_at(c, &s, 0);
+            fc_bwd_tile_run(c, &s, &t, &x, NULL, s.dk, s.dv);
         }
     }
     fc_bwd_store_dkdv(c, t.b, hk, t.j0, t.bc, s.dk, s.dv);
@@ -555,7 +835,6 @@ static void fc_bwd_dkdv_task(void *ctx, int64_t task, int thread) {
 static void fc_bwd_dq_task(void *ctx, int64_t task, int thread) {
     fc_bwd_ctx *c = (fc_bwd_ctx *)ctx;
     const fc_attn *a = c->a;
-    const fc_simd_ops *ops = c->ops;
     fc_bwd_scratch s;
     if (!fc_bwd_scratch_get(c, thread, &s)) return;
     int64_t nbh = a->batch * a->heads, nbq = (c->pl.sq + c->pl.br - 1) / c->pl.br;
@@ -570,16 +849,16 @@ static void fc_bwd_dq_task(void *ctx, int64_t task, int thread) {
     if (t.i0 >= t.sq) return;
     t.br = (int)(t.sq - t.i0 < c->pl.br ? t.sq - t.i0 : c->pl.br);
     int64_t hk = t.h / c->pl.group;
-    fc_bwd_load_q(c, t.b, t.h, t.i0, t.br, s.q, s.dout);
+    fc_bwd_load_q(c, &s, t.b, t.h, t.i0, t.br);
     fc_bwd_load_stats(c, &s, t.b, t.h, t.i0, t.br);
+    fc_bwd_qops x = fc_bwd_qops_at(c, &s, 0);
     memset(s.dq, 0, (size_t)t.br * d * sizeof(float));
     for (t.j0 = 0; t.j0 < t.sk; t.j0 += ld) {
         t.bc = (int)(t.sk - t.j0 < ld ? t.sk - t.j0 : ld);
         t.kind = fc_bwd_tile_kind(a, t.sq, t.sk, t.i0, t.i0 + t.br, t.j0, t.j0 + t.bc);
         if (t.kind == FC_TILE_SKIP) continue;
         fc_bwd_load_kv(c, &s, t.b, hk, t.j0, t.bc);
-        fc_bwd_tile_ds(c, &s, &t, s.q, s.dout, NULL);
-        ops->gemm_nn(t.br, d, t.bc, s.p, ld, s.k, d, s.dq, d, 1);
+        fc_bwd_tile_run(c, &s, &t, &x, s.dq, NULL, NULL);
     }
     fc_bwd_store_dq(c, t.b, t.h, t.i0, t.br, s.dq);
 }
@@ -587,19 +866,19 @@ static void fc_bwd_dq_task(void *ctx, int64_t task, int thread) {
 /* ---- entry points ---- */
 size_t fc_cpu_bwd_workspace(const fc_attn *a) {
     fc_bwd_plan pl;
-    return fc_bwd_plan_make(a, &pl);
+    return fc_bwd_plan_make(a, fc_simd(), &pl);
 }
 
 flashc_status fc_cpu_bwd(const fc_attn *a, void *ws, size_t ws_bytes) {
     fc_bwd_ctx c;
     memset(&c, 0, sizeof c);
-    size_t need = fc_bwd_plan_make(a, &c.pl);
+    c.ops = fc_simd();
+    size_t need = fc_bwd_plan_make(a, c.ops, &c.pl);
     if (ws_bytes < need || (need > 0 && !ws))
         return fc_set_error(FLASHC_ERR_WORKSPACE_TOO_SMALL,
                             "workspace_bytes=%zu but %zu are needed", ws ? ws_bytes : (size_t)0,
                             need);
     c.a = a;
-    c.ops = fc_simd();
     c.ws = (char *)ws;
     c.delta = (float *)(c.ws + c.pl.delta_off);
     c.dsink_part = a->dsink ? (double *)(c.ws + c.pl.dsink_off) : NULL;
@@ -607,9 +886,9 @@ flashc_status fc_cpu_bwd(const fc_attn *a, void *ws, size_t ws_bytes) {
     c.sc = fc_score_consts_of(a);
     atomic_init(&c.bad_thread, 0);
 
-    FC_LOG("cpu bwd: simd=%s schedule=%s Br=%d Bc=%d threads=%d",
-           flashc_simd_name(flashc_simd_active()), c.pl.fused ? "fused" : "dkdv+dq", c.pl.br,
-           c.pl.bc, c.pl.threads);
+    FC_LOG("cpu bwd: simd=%s bf16_dot=%d schedule=%s Br=%d Bc=%d threads=%d",
+           flashc_simd_name(flashc_simd_active()), (int)c.pl.dot, c.pl.fused ? "fused" : "dkdv+dq",
+           c.pl.br, c.pl.bc, c.pl.threads);
     fc_pool_run(a->batch * a->heads, fc_bwd_delta_task, &c);
     if (c.pl.fused) {
         fc_pool_run(a->batch * a->kv_heads, fc_bwd_fused_task, &c);
