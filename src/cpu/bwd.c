@@ -49,8 +49,9 @@
  * same test); only tiles on the boundary of a causal or local window apply the
  * element mask. A boundary tile runs in sub-blocks of FC_BWD_SUB query rows
  * (S, dP, dQ) and FC_BWD_SUB keys (dV, dK), each over the span of keys or rows
- * it can see (fc_bwd_blocks_make): on a causal diagonal the GEMMs do about 5/8
- * of the tile instead of all of it. What a span leaves out is masked, so its S
+ * it can see (fc_bwd_blocks_make): on the causal diagonal of Sq = Sk the two
+ * boundary tiles of a key block (64 x 128) do 5/16 and 13/16 of their GEMM
+ * work, against 1/4 and 3/4 unmasked. What a span leaves out is masked, so its S
  * and dP are set to 0 (P = 0 and dS = 0 after the mask).
  *
  * Not here: paging (the backward has none; rows are still read through
