@@ -6,10 +6,12 @@
  * (385, 385), (384, 200), (1024, 1024)} x the option cycle (causal, windows,
  * softcap, ALiBi, dropout, combinations) x dtypes x (Sq, Sk) from {(7, 33),
  * (33, 7), (40, 40), (1, 64)} x GQA 1 or 2, picked so every pair of values
- * meets; each under one SIMD path and thread count in turn. Each case runs the
- * forward (out and lse, rows that see no key exactly 0 and -inf) and the
- * backward twice from the reference's out and lse (dq, dk, dv, bitwise equal
- * run to run). A decode case
+ * meets; each under one SIMD path and thread count in turn, half of them with
+ * a learnable sink. Each case runs the forward (out and lse, rows that see no
+ * key exactly 0 and -inf) and the backward twice from the reference's out and
+ * lse (dq, dk, dv and dsink, bitwise equal run to run). hdim_schedules: one
+ * KV head and 1 then 5 threads, so the second backward takes bwd.c's two-pass
+ * schedule and must match the fused one bit for bit. A decode case
  * (flashc_fwd_kvcache: an append into a paged cache, GQA) at (576, 512) and
  * (512, 512). The limit itself (1025 refused) is in test_bad_input.c.
  */
@@ -27,9 +29,11 @@ typedef struct hd_case {
     int B, Sq, Sk, H, Hk, D, Dv;
     th_opts o;
     int simd, threads;
+    int threads2; /* > 0: the second backward runs on this many threads */
+    int sink;     /* a learnable sink (fp32 [H]) and its gradient dsink */
 } hd_case;
 
-enum { HD_MAX = 40 };
+enum { HD_MAX = 48 };
 static hd_case hd_cases[HD_MAX];
 static int hd_ncases;
 
@@ -48,6 +52,11 @@ static void hd_body(const hd_case *c, th_arena *ar) {
     f.k = th_new(th_buf_in(ar), dt, 4, ks, TH_PADDED, -1.0, 1.0);
     f.v = th_new(th_buf_in(ar), dt, 4, vs, TH_CONTIG, -1.0, 1.0);
     f.alibi_slopes = th_alibi_new(th_buf_in(ar), c->o.alibi, B, H);
+    if (c->sink) { /* one sink above every score, one far below, the rest in between */
+        f.sink = th_new(th_buf_in(ar), FLASHC_DTYPE_FP32, 1, (int64_t[]){H}, TH_CONTIG, -2.0, 3.0);
+        ((float *)f.sink.data)[0] = 12.0f;
+        ((float *)f.sink.data)[H - 1] = -30.0f;
+    }
     th_buf *ob = th_buf_in(ar);
     f.out = th_new_out(ob, dt, 4, os, TH_CONTIG);
     f.softmax_lse = th_new_out(th_buf_in(ar), FLASHC_DTYPE_FP32, 3, ls, TH_CONTIG);
@@ -75,35 +84,46 @@ static void hd_body(const hd_case *c, th_arena *ar) {
     a.abi = FLASHC_ABI_VERSION;
     a.q = f.q, a.k = f.k, a.v = f.v, a.out = f.out, a.softmax_lse = f.softmax_lse;
     a.alibi_slopes = f.alibi_slopes;
+    a.sink = f.sink;
     a.dout = th_new(th_buf_in(ar), dt, 4, os, TH_CONTIG, -1.0, 1.0);
-    th_buf *gb[3] = {th_buf_in(ar), th_buf_in(ar), th_buf_in(ar)};
+    th_buf *gb[4] = {th_buf_in(ar), th_buf_in(ar), th_buf_in(ar), NULL};
     a.dq = th_new_out(gb[0], dt, 4, qs, TH_CONTIG);
     a.dk = th_new_out(gb[1], dt, 4, ks, TH_PADDED);
     a.dv = th_new_out(gb[2], dt, 4, vs, TH_CONTIG);
-    flashc_tensor *g[3] = {&a.dq, &a.dk, &a.dv};
-    static const char *const names[3] = {"dq", "dk", "dv"};
-    FC_ASSERT_OK(flashc_bwd_workspace_size(&a, &p, &bytes));
-    double *first[3] = {NULL, NULL, NULL};
+    gb[3] = th_buf_in(ar);
+    if (c->sink) a.dsink = th_new_out(gb[3], FLASHC_DTYPE_FP32, 1, (int64_t[]){H}, TH_CONTIG);
+    flashc_tensor *g[4] = {&a.dq, &a.dk, &a.dv, &a.dsink};
+    static const char *const names[4] = {"dq", "dk", "dv", "dsink"};
+    const int ng = c->sink ? 4 : 3;
+    double *first[4] = {NULL, NULL, NULL, NULL};
     for (int run = 0; run < 2; run++) {
-        if (run)
-            for (int i = 0; i < 3; i++) {
+        if (run) {
+            for (int i = 0; i < ng; i++) {
                 first[i] = (double *)th_keep(ar, th_to_double(g[i]));
                 th_poison(gb[i], g[i]);
             }
+            if (c->threads2) flashc_set_num_threads(c->threads2);
+        }
+        /* sized per run: the schedule, and so the workspace, follows the thread count */
+        FC_ASSERT_OK(flashc_bwd_workspace_size(&a, &p, &bytes));
         ws = th_ws_new(bytes);
         s = flashc_bwd(&a, &p, ws, bytes);
         th_ws_free(ws, bytes);
         FC_ASSERT_OK(s);
     }
-    const int64_t n[3] = {B * Sq * H * D, B * Sk * Hk * D, B * Sk * Hk * Dv};
-    double *r64[3], *rlp[3];
-    for (int i = 0; i < 3; i++) {
+    const int64_t n[4] = {B * Sq * H * D, B * Sk * Hk * D, B * Sk * Hk * Dv, H};
+    double *r64[4], *rlp[4];
+    for (int i = 0; i < 4; i++) {
         r64[i] = th_dbl(ar, n[i]);
         rlp[i] = th_dbl(ar, n[i]);
     }
     FC_ASSERT_OK(fc_ref_bwd(&a, &p, FC_REF_F64, r64[0], r64[1], r64[2]));
     FC_ASSERT_OK(fc_ref_bwd(&a, &p, FC_REF_LOWP, rlp[0], rlp[1], rlp[2]));
-    for (int i = 0; i < 3; i++) {
+    if (c->sink) {
+        FC_ASSERT_OK(fc_ref_bwd_dsink(&a, &p, FC_REF_F64, r64[3]));
+        FC_ASSERT_OK(fc_ref_bwd_dsink(&a, &p, FC_REF_LOWP, rlp[3]));
+    }
+    for (int i = 0; i < ng; i++) {
         const double *again = (double *)th_keep(ar, th_to_double(g[i]));
         int64_t diff = 0;
         for (int64_t e = 0; e < n[i]; e++)
@@ -114,6 +134,25 @@ static void hd_body(const hd_case *c, th_arena *ar) {
         th_check(names[i], dt, g[i], r64[i], rlp[i]);
         th_check_outside(names[i], gb[i], g[i], 1);
     }
+}
+
+static void hd_run(const void *param);
+
+/* Register case c under prefix_<dtype>_d<D>_dv<Dv>_<Sq>x<Sk>_h<H>k<Hk>, then
+ * the options, sink, SIMD path and threads. */
+static void hd_add(const hd_case *c, const char *prefix) {
+    char name[200];
+    int m = snprintf(name, sizeof name, "%s_%s_d%d_dv%d_%dx%d_h%dk%d%s", prefix,
+                     flashc_dtype_name(c->dt), c->D, c->Dv, c->Sq, c->Sk, c->H, c->Hk,
+                     c->sink ? "_sink" : "");
+    th_opts_name(name + m, sizeof name - (size_t)m, &c->o);
+    m = (int)strlen(name);
+    th_env_name(name + m, sizeof name - (size_t)m, c->simd, c->threads);
+    if (c->threads2) {
+        m = (int)strlen(name);
+        snprintf(name + m, sizeof name - (size_t)m, "_then_t%d", c->threads2);
+    }
+    fc_test_add(name, hd_run, c);
 }
 
 static void hd_run(const void *param) {
@@ -149,13 +188,35 @@ FC_TEST_REGISTER(hdim_sweep) {
             c->o = th_option_cycle(k, (th_windows){9, 5, 12, 3, 10, 20});
             c->simd = simds[(i + 2 * j) % 4];
             c->threads = 1 + (k % 2);
-            char name[160];
-            int m = snprintf(name, sizeof name, "hdim_%s_d%d_dv%d_%dx%d_h%dk%d",
-                             flashc_dtype_name(c->dt), c->D, c->Dv, c->Sq, c->Sk, c->H, c->Hk);
-            th_opts_name(name + m, sizeof name - (size_t)m, &c->o);
-            m = (int)strlen(name);
-            th_env_name(name + m, sizeof name - (size_t)m, c->simd, c->threads);
-            fc_test_add(name, hd_run, c);
+            c->sink = j == 0 || j == 3;
+            hd_add(c, "hdim");
+        }
+}
+
+/* The fused and the two-pass backward at D > 256: B * Hk = 1 task, so 5
+ * threads take the two-pass schedule (bwd.c:fc_bwd_use_fused); Sq, Sk = 70
+ * span two tiles of each (64 x 64 here). */
+FC_TEST_REGISTER(hdim_schedules) {
+    static const int dims[3][2] = {{512, 512}, {576, 512}, {385, 385}};
+    static const flashc_dtype dts[3] = {FLASHC_DTYPE_BF16, FLASHC_DTYPE_FP16, FLASHC_DTYPE_FP32};
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) {
+            hd_case *c = &hd_cases[hd_ncases++];
+            memset(c, 0, sizeof *c);
+            c->dt = dts[(i + j) % 3];
+            c->D = dims[i][0];
+            c->Dv = dims[i][1];
+            c->B = 1;
+            c->Sq = 70 - 20 * (j == 1);
+            c->Sk = 70;
+            c->H = 2 + 2 * (j == 2);
+            c->Hk = 1;
+            c->o = th_option_cycle(3 * i + j, (th_windows){9, 5, 12, 3, 10, 20});
+            c->simd = -1;
+            c->threads = 1;
+            c->threads2 = 5;
+            c->sink = j != 1;
+            hd_add(c, "hdim_sched");
         }
 }
 

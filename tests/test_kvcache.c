@@ -452,6 +452,27 @@ FC_TEST_REGISTER(kvcache_sweep) {
     c->Dv = 64;
     kv_lens(c, 2, (int[]){999}, 1);
     c->num_splits = 5;
+    // ---- head dims past 256 (issue 20): absorbed MLA's 576/512 (rotary over the
+    // first 64 of D, as DeepSeek's rope part) and 512, appends, paged and contiguous ----
+    c = kv_add(bf, 2, 1, 8, 1, 576, 64, 16);
+    c->Dv = 512;
+    kv_lens(c, 2, (int[]){20, 47}, 1);
+    kv_rope(c, 64, 0, 0);
+    c->o.causal = 1;
+    c = kv_add(f32, 2, 3, 4, 2, 576, 48, 0);
+    c->Dv = 512;
+    kv_lens(c, 2, (int[]){10, 30}, 3);
+    kv_rope(c, 64, 1, 1);
+    c->o.causal = 1;
+    c->o.softcap = 1.5f;
+    c = kv_add(hf, 2, 2, 4, 2, 512, 40, 8);
+    kv_lens(c, 2, (int[]){9, 31}, 2);
+    kv_rope(c, 512, 1, 0);
+    c->o.causal = 1;
+    c->o.wl = 10;
+    c = kv_add(bf, 1, 1, 4, 1, 512, 300, 64);
+    kv_lens(c, 2, (int[]){299}, 1);
+    c->num_splits = 4;
     for (int simd = 0; simd < FLASHC_SIMD_COUNT; simd++)
         for (int t = 1; t <= 2; t++) {
             c = kv_add(simd % 2 ? hf : bf, 2, 2, 4, 2, 192, 64, 16);

@@ -395,6 +395,23 @@ FC_TEST_REGISTER(varlen_sweep) {
             memcpy(c->used, used[0], sizeof c->used);
         }
     }
+    // ---- head dims past 256 (issue 20): absorbed MLA's 576/512 and 512, paged,
+    // seqused and the backward, short sequences (set 4, and set 6 without keys) ----
+    static const int big[2][2] = {{576, 512}, {512, 512}};
+    for (int i = 0; i < 6; i++) {
+        c = vl_add(dts[i % 3], i == 5 ? 6 : 4, 4, 2 - (i % 2), big[i % 2][0], vl_option(i + 1));
+        c->Dv = big[i % 2][1];
+        if (i >= 4) {
+            c->bwd = 1;
+            continue;
+        }
+        if (i < 2) c->page = 16;
+        if (i == 2) {
+            c->seqused = 1;
+            memcpy(c->used, (int[]){5, 40, 33}, 3 * sizeof(int));
+        }
+        c->probs = i == 3;
+    }
     for (int simd = 0; simd < FLASHC_SIMD_COUNT; simd++)
         for (int t = 1; t <= 2; t++) {
             c = vl_add(dts[simd % 3], 0, 4, 2, 192, vl_option(8 + simd));
