@@ -149,6 +149,17 @@ void th_poison(th_buf *b, const flashc_tensor *t) {
     th_snapshot(b);
 }
 
+void th_expect_refused(flashc_status s, flashc_status want, const size_t *bytes, const char *part,
+                       const char *file, int line) {
+    if (s != want)
+        fc_test_fail(file, line, "status %s, want %s (%s)", flashc_status_string(s),
+                     flashc_status_string(want), flashc_last_error());
+    else if (bytes && *bytes != 777)
+        fc_test_fail(file, line, "the size query wrote *bytes=%zu", *bytes);
+    else if (!strstr(flashc_last_error(), part))
+        fc_test_fail(file, line, "message \"%s\" lacks \"%s\"", flashc_last_error(), part);
+}
+
 int th_check_outside(const char *what, const th_buf *b, const flashc_tensor *t, int nt) {
     size_t es = flashc_dtype_size(b->dt);
     unsigned char *in = (unsigned char *)calloc((size_t)b->n, 1);

@@ -78,6 +78,13 @@ void th_poison(th_buf *b, const flashc_tensor *t);
 /* 1 if every element of b outside the views t[0..nt) equals the snapshot
  * bitwise; otherwise records a failure naming what. */
 int th_check_outside(const char *what, const th_buf *b, const flashc_tensor *t, int nt);
+/* A refused call: status s is `want`, a size query left *bytes at 777 (the
+ * caller's sentinel; bytes NULL: not a query) and the last error holds `part`;
+ * otherwise records a failure at the caller's line. */
+#define TH_EXPECT_REFUSED(s, want, bytes, part) \
+    th_expect_refused((s), (want), (bytes), (part), __FILE__, __LINE__)
+void th_expect_refused(flashc_status s, flashc_status want, const size_t *bytes, const char *part,
+                       const char *file, int line);
 /* Refill the view's elements with uniform [lo, hi). */
 void th_fill_view(const flashc_tensor *t, double lo, double hi);
 /* Store dense src (logical row-major) into the view, rounded to its dtype. */

@@ -313,3 +313,66 @@ FC_TEST_REGISTER(hdim_kvcache) {
         fc_test_add(name, hd_kv_run, hd_kv_dims[i]);
     }
 }
+
+/* The CUDA backend refuses D = 512 (and 576/512, through its Dv != D refusal) in
+ * every entry point and query with FLASHC_ERR_UNSUPPORTED, before any
+ * workspace or launch: the size queries leave *bytes alone. Runs where CUDA is
+ * compiled in and a device is usable; the tensors are host buffers labelled
+ * as device memory, which nothing reads because every call stops first (the
+ * GPU suite, tests/gpu/test_gpu_edge.c, runs the same on device memory). */
+FC_TEST(hdim_cuda_refused) {
+    if (!flashc_backend_available(FLASHC_BACKEND_CUDA)) return;
+    static const int dims[2][2] = {{512, 512}, {576, 512}};
+    for (int i = 0; i < 2; i++) {
+        const int64_t D = dims[i][0], Dv = dims[i][1];
+        const char *why = D == Dv ? "head_dim=512 but the CUDA backend's"
+                                  : "a value head dim other than the query/key head dim";
+        const int64_t qs[4] = {1, 4, 2, D}, vs[4] = {1, 4, 2, Dv}, ls[3] = {1, 2, 4},
+                      q0[4] = {1, 0, 2, D}, o0[4] = {1, 0, 2, Dv}, ns[4] = {1, 1, 2, D},
+                      nvs[4] = {1, 1, 2, Dv};
+        const flashc_dtype bf = FLASHC_DTYPE_BF16;
+        th_arena ar = {0};
+        flashc_fwd_args f = FLASHC_ARGS_INIT;
+        f.q = th_new(th_buf_in(&ar), bf, 4, qs, TH_CONTIG, -1.0, 1.0);
+        f.k = th_new(th_buf_in(&ar), bf, 4, qs, TH_CONTIG, -1.0, 1.0);
+        f.v = th_new(th_buf_in(&ar), bf, 4, vs, TH_CONTIG, -1.0, 1.0);
+        f.out = th_new_out(th_buf_in(&ar), bf, 4, vs, TH_CONTIG);
+        f.softmax_lse = th_new_out(th_buf_in(&ar), FLASHC_DTYPE_FP32, 3, ls, TH_CONTIG);
+        flashc_bwd_args a = FLASHC_ARGS_INIT;
+        a.dq = th_new_out(th_buf_in(&ar), bf, 4, qs, TH_CONTIG);
+        a.dk = th_new_out(th_buf_in(&ar), bf, 4, qs, TH_CONTIG);
+        a.dv = th_new_out(th_buf_in(&ar), bf, 4, vs, TH_CONTIG);
+        /* decode over the cache (k, v), and an append alone (no query row) */
+        flashc_kvcache_args kv = FLASHC_ARGS_INIT, ap = FLASHC_ARGS_INIT;
+        ap.q = th_new(th_buf_in(&ar), bf, 4, q0, TH_CONTIG, 0.0, 0.0);
+        ap.out = th_new_out(th_buf_in(&ar), bf, 4, o0, TH_CONTIG);
+        ap.k_new = th_new(th_buf_in(&ar), bf, 4, ns, TH_CONTIG, -1.0, 1.0);
+        ap.v_new = th_new(th_buf_in(&ar), bf, 4, nvs, TH_CONTIG, -1.0, 1.0);
+        ap.cache_seqlens = th_new(th_buf_in(&ar), FLASHC_DTYPE_INT32, 1, (int64_t[]){1}, TH_CONTIG,
+                                  0.0, 0.0);
+        *(int32_t *)ap.cache_seqlens.data = 2; /* two of the 4 rows in use: room to append */
+        flashc_tensor *all[] = {&f.q,   &f.k,    &f.v,      &f.out,   &f.softmax_lse,
+                                &a.dq,  &a.dk,   &a.dv,     &ap.q,    &ap.out,
+                                &ap.k_new, &ap.v_new, &ap.cache_seqlens};
+        for (size_t t = 0; t < sizeof all / sizeof all[0]; t++) all[t]->device = FLASHC_DEVICE_CUDA;
+        a.q = f.q, a.k = f.k, a.v = f.v, a.out = f.out, a.dout = f.out;
+        a.softmax_lse = f.softmax_lse;
+        kv.q = f.q, kv.k_cache = f.k, kv.v_cache = f.v, kv.out = f.out;
+        ap.k_cache = f.k, ap.v_cache = f.v;
+        flashc_params p = flashc_params_default();
+        const flashc_status UNS = FLASHC_ERR_UNSUPPORTED;
+        size_t bytes = 777; /* the size queries must leave it */
+        TH_EXPECT_REFUSED(flashc_fwd_supported(&f, &p), UNS, &bytes, why);
+        TH_EXPECT_REFUSED(flashc_fwd_workspace_size(&f, &p, &bytes), UNS, &bytes, why);
+        TH_EXPECT_REFUSED(flashc_fwd(&f, &p, NULL, 0), UNS, &bytes, why);
+        TH_EXPECT_REFUSED(flashc_bwd_supported(&a, &p), UNS, &bytes, why);
+        TH_EXPECT_REFUSED(flashc_bwd_workspace_size(&a, &p, &bytes), UNS, &bytes, why);
+        TH_EXPECT_REFUSED(flashc_bwd(&a, &p, NULL, 0), UNS, &bytes, why);
+        TH_EXPECT_REFUSED(flashc_fwd_kvcache_supported(&kv, &p), UNS, &bytes, why);
+        TH_EXPECT_REFUSED(flashc_fwd_kvcache_workspace_size(&kv, &p, &bytes), UNS, &bytes, why);
+        TH_EXPECT_REFUSED(flashc_fwd_kvcache(&kv, &p, NULL, 0), UNS, &bytes, why);
+        TH_EXPECT_REFUSED(flashc_fwd_kvcache_supported(&ap, &p), UNS, &bytes, why);
+        TH_EXPECT_REFUSED(flashc_fwd_kvcache(&ap, &p, NULL, 0), UNS, &bytes, why);
+        th_arena_free(&ar);
+    }
+}

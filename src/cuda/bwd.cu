@@ -100,11 +100,8 @@ typedef struct {
 static flashc_status fc_cuda_bwd_plan_make(const fc_attn *a, fc_cuda_bwd_plan *pl) {
     *pl = fc_cuda_bwd_plan{};
     FC_TRY(fc_cuda_dtype_check(a));
+    FC_TRY(fc_dim_check(a, kFcSm80BwdDims, "backward"));
     const int64_t d8 = (a->head_dim + 7) / 8 * 8;
-    if (fc_bwd_dim(FC_FAMILY_SM80, d8) == 0)
-        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "head_dim=%lld but this CUDA build's backward supports up to %d",
-                            (long long)a->head_dim, fc_dim_max(kFcSm80BwdDims));
     FC_TRY(fc_cuda_len_check(a));
     FC_TRY(fc_cuda_grid_check(a->batch, a->kv_heads, "kv_heads"));
     fc_cuda_device dv;

@@ -48,6 +48,13 @@ static int fc_fwd_dim(int family, int64_t d) {
                            d);
 }
 
+// Head dims past the sm80 list (which every family's dims are among, so the
+// dispatch falls back to sm80 where sm90 has no instance) are refused; the
+// CPU backend takes them (issue 20: 512, MLA's 576/512).
+flashc_status fc_cuda_fwd_dim_check(const fc_attn *a) {
+    return fc_dim_check(a, kFcSm80FwdDims, "forward");
+}
+
 // ---- the sm90ws rows (traits.h): a head dim's row, or its short-work row ----
 typedef struct {
     int br, bc;      // the TMA boxes' rows: the query tile, the key tile
@@ -279,11 +286,8 @@ static flashc_status fc_cuda_fwd_check(const fc_attn *a, fc_cuda_fwd_plan *plan)
     if (a->probs)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "attn_probs is not supported by the CUDA backend (use the CPU)");
+    FC_TRY(fc_cuda_fwd_dim_check(a));
     const int64_t d8 = (a->head_dim + 7) / 8 * 8;
-    if (fc_fwd_dim(FC_FAMILY_SM80, d8) == 0)
-        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "head_dim=%lld but this CUDA build supports up to %d",
-                            (long long)a->head_dim, fc_dim_max(kFcSm80FwdDims));
     FC_TRY(fc_cuda_len_check(a));
     FC_TRY(fc_cuda_grid_check(a->batch, a->heads, "heads"));
     plan->causal = a->window_right == 0;

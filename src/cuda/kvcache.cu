@@ -136,6 +136,9 @@ static flashc_status fc_cuda_kv_plan_make(const fc_kvcache *kc, fc_cuda_kv_plan 
     const fc_attn *a = &kc->attn;
     *pl = fc_cuda_kv_plan{};
     FC_TRY(fc_cuda_dtype_check(a));
+    // an append-only call (no query row) is refused past the instances too, as
+    // one that attends is by the forward's checks
+    FC_TRY(fc_cuda_fwd_dim_check(a));
     FC_TRY(fc_cuda_len_check(a));  // a->max_seqlen_k is the cache capacity
     fc_cuda_device dv;
     FC_TRY(fc_cuda_device_get(&dv));

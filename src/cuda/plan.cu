@@ -69,6 +69,15 @@ int fc_dim_max(const int *dims) {
     return m;
 }
 
+flashc_status fc_dim_check(const fc_attn *a, const int *dims, const char *op) {
+    if (fc_dim_at_least(dims, (a->head_dim + 7) / 8 * 8) == 0)
+        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
+                            "head_dim=%lld but the CUDA backend's %s takes head dims up to %d "
+                            "(this build's instances; the CPU backend takes larger ones)",
+                            (long long)a->head_dim, op, fc_dim_max(dims));
+    return FLASHC_OK;
+}
+
 // ---- the kernel family ----
 int fc_cuda_family(const fc_cuda_device &dv, int64_t d8, bool has_sm90) {
     const char *force = getenv("FLASHC_CUDA_FAMILY");

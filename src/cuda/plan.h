@@ -79,6 +79,12 @@ flashc_status fc_cuda_grid_check(int64_t batch, int64_t heads, const char *heads
 int fc_dim_at_least(const int *dims, int64_t d);
 // The largest dim of such a list, or 0 when it is empty.
 int fc_dim_max(const int *dims);
+// FLASHC_ERR_UNSUPPORTED, with a message naming op ("forward", "backward"),
+// when a->head_dim rounded up to 8 is above every dim of such a list.
+flashc_status fc_dim_check(const fc_attn *a, const int *dims, const char *op);
+// fc_dim_check over the forward's sm80 list (fwd.cu); the forward and the
+// kvcache check it first.
+flashc_status fc_cuda_fwd_dim_check(const fc_attn *a);
 
 // ---- the kernel family ----
 // sm90ws: the forward's warp-specialised TMA kernels (fwd.cu picks it over sm90).

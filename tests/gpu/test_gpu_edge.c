@@ -6,8 +6,9 @@
  * - a NaN in q: NaN out, lse and dq of its row and dk, dv of the keys it sees,
  *   every other row and head exact;
  * - params.scale_given = 1 with softmax_scale = 0: uniform attention.
- * And a problem the CUDA backend refuses (fp32, attn_probs): every entry point's
- * *_supported and *_workspace_size give the run's status and message.
+ * And a problem the CUDA backend refuses (fp32, attn_probs; head dims past 256):
+ * every entry point's *_supported and *_workspace_size give the run's status
+ * and message.
  * The GPU forward's out and lse feed the GPU backward; all are checked against
  * the float64 reference on host copies (DEVELOPERS.md's rule, NaN-aware).
  */
@@ -180,6 +181,104 @@ FC_TEST(gpu_edge_refused_queries) {
     }
 done:
     gb_free(&ar);
+}
+
+/* Head dims past 256 (issue 20; the CPU backend takes them): D = 512 and MLA's
+ * 576/512 on device memory under each family setting, refused with
+ * FLASHC_ERR_UNSUPPORTED by every query and run of the forward, the backward,
+ * a decode step and an append alone (no query row): the size queries leave
+ * *bytes alone and the poisoned outputs and cache stay poisoned. */
+FC_TEST(gpu_edge_head_dim_512_refused) {
+    static const int dims[2][2] = {{512, 512}, {576, 512}};
+    static const char *const fams[2] = {"auto", "sm80"};
+    const flashc_dtype bf = FLASHC_DTYPE_BF16;
+    for (int i = 0; i < 4; i++) {
+        const int64_t D = dims[i % 2][0], Dv = dims[i % 2][1], S = 4, H = 2;
+        const char *why = D == Dv ? "head_dim=512 but the CUDA backend's"
+                                  : "a value head dim other than the query/key head dim";
+        const int64_t qs[4] = {1, S, H, D}, vs[4] = {1, S, H, Dv}, ls[3] = {1, H, S},
+                      q0[4] = {1, 0, H, D}, o0[4] = {1, 0, H, Dv}, ns[4] = {1, 1, H, D},
+                      nvs[4] = {1, 1, H, Dv}, one[1] = {1};
+        int64_t qst[4], vst[4], lst[3], q0t[4], o0t[4], nst[4], nvst[4], onet[1];
+        gb_contig_strides(4, qs, qst);
+        gb_contig_strides(4, vs, vst);
+        gb_contig_strides(3, ls, lst);
+        gb_contig_strides(4, q0, q0t);
+        gb_contig_strides(4, o0, o0t);
+        gb_contig_strides(4, ns, nst);
+        gb_contig_strides(4, nvs, nvst);
+        gb_contig_strides(1, one, onet);
+        gb_family fam;
+        gb_family_enter(&fam, fams[i / 2]);
+        gb_arena ar;
+        memset(&ar, 0, sizeof ar);
+        const size_t nq = (size_t)(S * H * D) * 2, nv = (size_t)(S * H * Dv) * 2;
+        gb_buf *q = gb_new(&ar, nq), *k = gb_new(&ar, nq), *v = gb_new(&ar, nv),
+               *o = gb_new(&ar, nv), *lse = gb_new(&ar, (size_t)(H * S) * 4),
+               *dq = gb_new(&ar, nq), *dk = gb_new(&ar, nq), *dv = gb_new(&ar, nv),
+               *kn = gb_new(&ar, (size_t)(H * D) * 2), *vn = gb_new(&ar, (size_t)(H * Dv) * 2),
+               *cs = gb_new(&ar, 4);
+        if (!cs) goto done;
+        gb_buf *in[3] = {q, kn, vn}, *outs[7] = {o, lse, dq, dk, dv, k, v};
+        for (int b = 0; b < 3; b++) {
+            gb_fill(in[b], bf, -1.0, 1.0);
+            if (!gb_upload(in[b])) goto done;
+        }
+        *(int32_t *)cs->h = 2; /* two of the S rows in use: room for the append */
+        if (!gb_upload(cs)) goto done;
+        for (int b = 0; b < 7; b++)
+            if (!gb_poison(outs[b])) goto done;
+        {
+            flashc_fwd_args f = FLASHC_ARGS_INIT;
+            f.q = gb_view(q, 1, bf, 0, 4, qs, qst);
+            f.k = gb_view(k, 1, bf, 0, 4, qs, qst);
+            f.v = gb_view(v, 1, bf, 0, 4, vs, vst);
+            f.out = gb_view(o, 1, bf, 0, 4, vs, vst);
+            f.softmax_lse = gb_view(lse, 1, FLASHC_DTYPE_FP32, 0, 3, ls, lst);
+            flashc_bwd_args a = FLASHC_ARGS_INIT;
+            a.q = f.q, a.k = f.k, a.v = f.v, a.out = f.out, a.dout = f.out;
+            a.softmax_lse = f.softmax_lse;
+            a.dq = gb_view(dq, 1, bf, 0, 4, qs, qst);
+            a.dk = gb_view(dk, 1, bf, 0, 4, qs, qst);
+            a.dv = gb_view(dv, 1, bf, 0, 4, vs, vst);
+            flashc_kvcache_args kv = FLASHC_ARGS_INIT, ap = FLASHC_ARGS_INIT;
+            kv.q = f.q, kv.k_cache = f.k, kv.v_cache = f.v, kv.out = f.out;
+            ap.q = gb_view(q, 1, bf, 0, 4, q0, q0t);
+            ap.out = gb_view(o, 1, bf, 0, 4, o0, o0t);
+            ap.k_cache = f.k, ap.v_cache = f.v;
+            ap.k_new = gb_view(kn, 1, bf, 0, 4, ns, nst);
+            ap.v_new = gb_view(vn, 1, bf, 0, 4, nvs, nvst);
+            ap.cache_seqlens = gb_view(cs, 1, FLASHC_DTYPE_INT32, 0, 1, one, onet);
+            const flashc_status UNS = FLASHC_ERR_UNSUPPORTED;
+            size_t bytes = 777; /* the size queries must leave it */
+            TH_EXPECT_REFUSED(flashc_fwd_supported(&f, NULL), UNS, &bytes, why);
+            TH_EXPECT_REFUSED(flashc_fwd_workspace_size(&f, NULL, &bytes), UNS, &bytes, why);
+            TH_EXPECT_REFUSED(flashc_fwd(&f, NULL, NULL, 0), UNS, &bytes, why);
+            TH_EXPECT_REFUSED(flashc_bwd_supported(&a, NULL), UNS, &bytes, why);
+            TH_EXPECT_REFUSED(flashc_bwd_workspace_size(&a, NULL, &bytes), UNS, &bytes, why);
+            TH_EXPECT_REFUSED(flashc_bwd(&a, NULL, NULL, 0), UNS, &bytes, why);
+            TH_EXPECT_REFUSED(flashc_fwd_kvcache_supported(&kv, NULL), UNS, &bytes, why);
+            TH_EXPECT_REFUSED(flashc_fwd_kvcache_workspace_size(&kv, NULL, &bytes), UNS, &bytes,
+                              why);
+            TH_EXPECT_REFUSED(flashc_fwd_kvcache(&kv, NULL, NULL, 0), UNS, &bytes, why);
+            TH_EXPECT_REFUSED(flashc_fwd_kvcache_supported(&ap, NULL), UNS, &bytes, why);
+            TH_EXPECT_REFUSED(flashc_fwd_kvcache(&ap, NULL, NULL, 0), UNS, &bytes, why);
+        }
+        if (!gb_sync()) goto done;
+        for (int b = 0; b < 7; b++) {
+            if (!gb_download(outs[b])) goto done;
+            const unsigned char *h = (const unsigned char *)outs[b]->h;
+            for (size_t e = 0; e < outs[b]->bytes; e++)
+                if (h[e] != 0xff) {
+                    fc_test_fail(__FILE__, __LINE__, "output %d (out, lse, dq, dk, dv, k_cache, "
+                                 "v_cache) written at byte %zu", b, e);
+                    break;
+                }
+        }
+    done:
+        gb_free(&ar);
+        gb_family_leave(&fam);
+    }
 }
 
 FC_TEST_REGISTER(gpu_edge) {
