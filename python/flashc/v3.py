@@ -38,13 +38,15 @@ are, the KV-cache function is forward only (as FA3's).
                             sm_margin=0, return_softmax_lse=False)
         -> out, or (out, softmax_lse, out_accum, softmax_lse_accum) with return_softmax_lse
     flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None)
-
-Beyond FA3: the four attention functions take learnable_sink= (keyword only), learnable
-attention sinks as flashc's 2.x functions take them (fp32 (nheads,), differentiable; the
-name FA4's interface uses).
         -> out, softmax_lse
     get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q,
                            num_heads_kv, headdim, cache_seqlens, ...) -> None
+
+Beyond FA3: the four attention functions take learnable_sink= (keyword only), learnable
+attention sinks as flashc's 2.x functions take them (fp32 (nheads,), differentiable; the
+name FA4's interface uses), or the same tensor as s_aux= (the name of vLLM's FA3 build,
+vllm_flash_attn, which transformers passes where a flash function's signature has it);
+both at once raise FlashcArgumentError.
 
 and FA3's private ops flash_attn_3::_flash_attn_forward and ::_flash_attn_backward, one
 forward or one backward as Transformer Engine's context-parallel attention calls them
@@ -163,6 +165,17 @@ def _unsupported(fn, when="", **given):
                 when, default))
 
 
+def _sink(fn, learnable_sink, s_aux):
+    """The learnable sink under either keyword: learnable_sink (FA4's) or s_aux (vLLM's
+    FA3 build's)."""
+    if s_aux is None:
+        return learnable_sink
+    if learnable_sink is not None:
+        _fa2._arg_error("%s: learnable_sink and s_aux are both given but name the same "
+                        "tensor (the sink logits): pass one" % fn)
+    return s_aux
+
+
 def _window(window_size):
     """interface._window's (left, right) from FA3's window_size, whose sides may be None."""
     try:
@@ -182,11 +195,12 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
                               k_descale=None, v_descale=None, window_size=(-1, -1),
                               attention_chunk=0, softcap=0.0, deterministic=False,
                               num_heads_q=None, sm_margin=0, return_attn_probs=False, *,
-                              learnable_sink=None):
+                              learnable_sink=None, s_aux=None):
     """flash_attn_func on qkv (batch, seqlen, 3, nheads, headdim), or with num_heads_q on
     qkv (batch, seqlen, num_heads_q + 2 * nheads_k, headdim) (q heads, then k, then v).
     Returns out, or (out, softmax_lse (batch, nheads, seqlen)) with return_attn_probs."""
     fn = "flash_attn_qkvpacked_func"
+    learnable_sink = _sink(fn, learnable_sink, s_aux)
     _unsupported(fn, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
                  attention_chunk=attention_chunk)
     if num_heads_q is None:
@@ -208,7 +222,7 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None,
                     k_descale=None, v_descale=None, window_size=(-1, -1), attention_chunk=0,
                     softcap=0.0, num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0,
-                    return_attn_probs=False, *, learnable_sink=None):
+                    return_attn_probs=False, *, learnable_sink=None, s_aux=None):
     """Attention of q (batch, seqlen_q, nheads, headdim) over k, v (batch, seqlen_k,
     nheads_k, headdim), nheads % nheads_k == 0 (MQA/GQA). causal and window_size are
     aligned to the bottom-right corner: query i sees keys [i + seqlen_k - seqlen_q - left,
@@ -216,6 +230,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     softcap * tanh(s / softcap). Returns out, or (out, softmax_lse (batch, nheads,
     seqlen_q) fp32) with return_attn_probs."""
     fn = "flash_attn_func"
+    learnable_sink = _sink(fn, learnable_sink, s_aux)
     _unsupported(fn, qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
                  attention_chunk=attention_chunk)
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -255,13 +270,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            qv=None, q_descale=None, k_descale=None, v_descale=None,
                            window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
                            pack_gqa=None, deterministic=False, sm_margin=0,
-                           return_attn_probs=False, *, learnable_sink=None):
+                           return_attn_probs=False, *, learnable_sink=None, s_aux=None):
     """Attention over sequences packed along the token axis: q (total_q, nheads, headdim),
     k, v (total_k, nheads_k, headdim), cu_seqlens_q, cu_seqlens_k int32 (batch + 1).
     seqused_q, seqused_k: optional int32 (batch,), the rows of each sequence in use (the
     module docstring says how). Masks as flash_attn_func's, per sequence. Returns out, or
     (out, softmax_lse (nheads, total_q) fp32) with return_attn_probs."""
     fn = "flash_attn_varlen_func"
+    learnable_sink = _sink(fn, learnable_sink, s_aux)
     _unsupported(fn, qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
                  attention_chunk=attention_chunk)
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -294,7 +310,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                             causal=False, window_size=(-1, -1), attention_chunk=0, softcap=0.0,
                             rotary_interleaved=True, scheduler_metadata=None, num_splits=0,
                             pack_gqa=None, sm_margin=0, return_softmax_lse=False, *,
-                            learnable_sink=None):
+                            learnable_sink=None, s_aux=None):
     """flashc.flash_attn_with_kvcache with FA3's parameters: q (batch, seqlen, nheads,
     headdim) over k_cache, v_cache (batch_cache, seqlen_cache, nheads_k, headdim), or with
     page_table (batch, max_blocks) int32 paged (num_blocks, page_size, nheads_k,
@@ -304,6 +320,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     Returns out, or (out, softmax_lse (batch, nheads, seqlen) fp32, out_accum,
     softmax_lse_accum) with return_softmax_lse, the last two empty."""
     fn = "flash_attn_with_kvcache"
+    learnable_sink = _sink(fn, learnable_sink, s_aux)
     _unsupported(fn, qv=qv, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k_new=cu_seqlens_k_new,
                  max_seqlen_q=max_seqlen_q, rotary_seqlens=rotary_seqlens, q_descale=q_descale,
                  k_descale=k_descale, v_descale=v_descale, attention_chunk=attention_chunk,

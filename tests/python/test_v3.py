@@ -66,14 +66,16 @@ def parameters(fn):
 @pytest.mark.parametrize("name", FA3_PUBLIC)
 def test_signature(name):
     """flashc.v3's function has FA3's parameters: names, order, kinds and defaults, and
-    after them only the keyword-only learnable_sink (flashc's addition, FA4's name)."""
+    after them only the keyword-only learnable_sink and s_aux (flashc's addition under
+    FA4's name and vLLM's FA3 build's)."""
     stubs = {}
     exec(FA3_SIGNATURES, stubs)
     ours = parameters(getattr(v3, name))
-    if ours and ours[-1][0] == "learnable_sink":
-        assert ours[-1][1:] == (inspect.Parameter.KEYWORD_ONLY, None)
-        assert name in SINK_FUNCTIONS
-        ours = ours[:-1]
+    sink = [("learnable_sink", inspect.Parameter.KEYWORD_ONLY, None),
+            ("s_aux", inspect.Parameter.KEYWORD_ONLY, None)]
+    if name in SINK_FUNCTIONS:
+        assert ours[-2:] == sink
+        ours = ours[:-2]
     assert ours == parameters(stubs[name])
     assert name in v3.__all__
 
@@ -82,11 +84,12 @@ SINK_FUNCTIONS = ("flash_attn_qkvpacked_func", "flash_attn_func", "flash_attn_va
                   "flash_attn_with_kvcache")
 
 
+@pytest.mark.parametrize("kw", ["learnable_sink", "s_aux"])
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
-def test_sink(device, dtype):
-    """learnable_sink= on the four attention functions: out, lse and the gradients (the
-    sink's too) bitwise those of flashc's 2.x functions, which test_sink.py checks against
-    the float64 reference."""
+def test_sink(device, dtype, kw):
+    """learnable_sink= (or s_aux=) on the four attention functions: out, lse and the
+    gradients (the sink's too) bitwise those of flashc's 2.x functions, which test_sink.py
+    checks against the float64 reference."""
     dt = DT[dtype]
     b, sq, sk, h, hk, d = 2, 9, 13, 4, 2, 32
     q = rand(b, sq, h, d, device=device, dtype=dt, seed=1)
@@ -103,12 +106,12 @@ def test_sink(device, dtype):
     def same(a, b):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
 
-    same(run(lambda q, k, v, s: v3.flash_attn_func(q, k, v, causal=True, learnable_sink=s,
+    same(run(lambda q, k, v, s: v3.flash_attn_func(q, k, v, causal=True, **{kw: s},
                                                    return_attn_probs=True), q, k, v, sink),
          run(lambda q, k, v, s: flashc.flash_attn_func(q, k, v, causal=True, learnable_sink=s,
                                                        return_attn_probs=True), q, k, v, sink))
     qkv = torch.stack([q, q.flip(1), q.roll(1, 1)], 2)
-    same(run(lambda x, s: v3.flash_attn_qkvpacked_func(x, learnable_sink=s,
+    same(run(lambda x, s: v3.flash_attn_qkvpacked_func(x, **{kw: s},
                                                        return_attn_probs=True), qkv, sink),
          run(lambda x, s: flashc.flash_attn_qkvpacked_func(x, learnable_sink=s,
                                                            return_attn_probs=True), qkv, sink))
@@ -116,7 +119,7 @@ def test_sink(device, dtype):
     ck = torch.tensor([0, 6, 13], dtype=torch.int32, device=device)
     q1, k1, v1 = q[0], k[0], v[0]
     same(run(lambda q, k, v, s: v3.flash_attn_varlen_func(q, k, v, cq, ck, 5, 7, causal=True,
-                                                          learnable_sink=s,
+                                                          **{kw: s},
                                                           return_attn_probs=True),
              q1, k1, v1, sink),
          run(lambda q, k, v, s: flashc.flash_attn_varlen_func(q, k, v, cq, ck, 5, 7, causal=True,
@@ -124,11 +127,61 @@ def test_sink(device, dtype):
                                                               return_attn_probs=True),
              q1, k1, v1, sink))
     with torch.no_grad():
-        got = v3.flash_attn_with_kvcache(q, k, v, causal=True, learnable_sink=sink,
+        got = v3.flash_attn_with_kvcache(q, k, v, causal=True, **{kw: sink},
                                          return_softmax_lse=True)
         want = flashc.flash_attn_with_kvcache(q, k, v, causal=True, learnable_sink=sink,
                                               return_softmax_lse=True)
     same(got[:2], want)
+
+
+def test_sink_both_names_refused():
+    q = rand(1, 3, 2, 8, seed=1)
+    sink = rand(2, seed=2)
+    for fn, args in ((v3.flash_attn_func, (q, q, q)), (v3.flash_attn_qkvpacked_func,
+                                                       (torch.stack([q, q, q], 2),)),
+                     (v3.flash_attn_with_kvcache, (q, q, q))):
+        with pytest.raises(flashc.FlashcArgumentError, match="learnable_sink and s_aux"):
+            fn(*args, learnable_sink=sink, s_aux=sink)
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    with pytest.raises(flashc.FlashcArgumentError, match="learnable_sink and s_aux"):
+        v3.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 3, 3, learnable_sink=sink, s_aux=sink)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("dims", [(576, 512), (512, 512)], ids=lambda p: "d%d-dv%d" % p)
+def test_sink_head_dims_past_256(dtype, dims):
+    """v3 with a sink at absorbed MLA's 576/512 and at 512 on the CPU: out, lse and every
+    gradient, dsink included, against the float64 reference (test_sink.py's rule), for
+    flash_attn_func and the varlen function; the KV-cache function's out and lse."""
+    from test_sink import check_all, leaves, ref_and_grads, sink_for
+    dt = DT[dtype]
+    (d, dv), b, sq, sk, h, hk = dims, 2, 9, 13, 4, 2
+    q = rand(b, sq, h, d, dtype=dt, seed=1) * 2
+    k = rand(b, sk, hk, d, dtype=dt, seed=2) * 2
+    v = rand(b, sk, hk, dv, dtype=dt, seed=3)
+    sink = sink_for(h)
+    dout = rand(b, sq, h, dv, dtype=dt, seed=6)
+    ref = ref_and_grads((q, k, v, sink), dout, False, causal=True)
+    base = ref_and_grads((q, k, v, sink), dout, True, causal=True)
+    names = ["out", "lse", "dq", "dk", "dv", "dsink"]
+    x = leaves(q, k, v, sink)
+    out, lse = v3.flash_attn_func(*x[:3], causal=True, s_aux=x[3], return_attn_probs=True)
+    out.backward(dout)
+    check_all(names, [out, lse] + [t.grad for t in x], ref, base, dt)
+    # the same problem as two sequences of one varlen batch
+    x = leaves(*(t.flatten(0, 1) for t in (q, k, v)), sink)
+    cq = torch.tensor([0, sq, 2 * sq], dtype=torch.int32)
+    ck = torch.tensor([0, sk, 2 * sk], dtype=torch.int32)
+    out, lse = v3.flash_attn_varlen_func(*x[:3], cq, ck, sq, sk, causal=True,
+                                         learnable_sink=x[3], return_attn_probs=True)
+    out.backward(dout.flatten(0, 1))
+    got = [out.unflatten(0, (b, sq)), lse.unflatten(1, (b, sq)).transpose(0, 1)]
+    got += [t.grad.unflatten(0, (b, -1)) for t in x[:3]] + [x[3].grad]
+    check_all(names, got, ref, base, dt)
+    with torch.no_grad():
+        out, lse = v3.flash_attn_with_kvcache(q, k, v, causal=True, learnable_sink=sink,
+                                              return_softmax_lse=True)[:2]
+    check_all(names[:2], [out, lse], ref[:2], base[:2], dt)
 
 
 def test_import_paths():
