@@ -61,10 +61,12 @@ The returns, against flash_attn's:
   [H, total_q + 128 B], sequence b from column cu_seqlens_q[b] + 128 b), holding
   (1 - dropout_p) * rowsum(dout * out), 0 in the padding; flashc computes it in torch
   (one more pass over dout and out), as the library keeps its own copy in its workspace.
-- a row that sees exactly one key of the call gets dS = 0 only where its P, recomputed
-  from softmax_lse, is 1 (the forward's own lse: a softmax over one element); with a
-  merged lse (the first query row of a causal ring attention's diagonal block) P < 1
-  and the backward applies the formula (src/common/window.h, FC_ONE_KEY_P).
+- a row that sees exactly one key of the call gets dS = 0 only in bf16 and fp16, and only
+  where its P, recomputed from softmax_lse, is at least 1 - 2^-10 (the forward's own lse
+  gives 1: a softmax over one element); with a merged lse (the first query row of a
+  causal ring attention's diagonal block) that drops a term at most 2^-10 of the row's
+  scale, below those dtypes' rounding; fp32 applies the formula on every row
+  (src/common/window.h, FC_ONE_KEY_P).
 - zero_tensors: as flash_attn, the varlen forward's out rows past cu_seqlens_q[-1] are 0
   and their lse -inf (else they are left unwritten), and the varlen backward zeroes dq,
   dk, dv before it writes them.

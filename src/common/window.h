@@ -58,14 +58,20 @@
 #define FC_WINDOW_ROW_LO(j, right, sq, sk) ((j) - ((sk) - (sq)) - (right))
 #define FC_WINDOW_ROW_HI(j, left, sq, sk) ((j) - ((sk) - (sq)) + (left))
 
-/* The backward's one-key rule, for every backend. A row that sees one key has
- * P = 1 there when the lse is its own (the forward of this call), and then
- * dS = P (dP - Delta) = 0 exactly: a softmax over one element. The formula
- * would leave the rounding of O in Delta (with dropout, V / (1 - p) rounded
- * to the dtype) as a residue, so the backends write dS = 0 for such a row
- * when its P, recomputed from the lse, is at least FC_ONE_KEY_P (1 - 2^-10;
- * exp2's rounding stays far below). With an lse merged over several calls
- * (ring attention's key blocks) P is below 1 and the formula applies. */
+/* The backward's one-key rule, for every backend, in bf16 and fp16. A row
+ * that sees one key has P = 1 there when the lse is its own (the forward of
+ * this call), and then dS = P (dP - Delta) = 0 exactly: a softmax over one
+ * element. The formula would leave the rounding of O in Delta (with dropout,
+ * V / (1 - p) rounded to the dtype) as a residue, so the backends write
+ * dS = 0 for such a row when its P, recomputed from the lse, is at least
+ * FC_ONE_KEY_P (1 - 2^-10; exp2's rounding stays far below). With an lse
+ * merged over several calls (ring attention's key blocks) P is 1 - e below
+ * 1, and the exact dS = P (1 - P) dO.(V_j - O_rest) is at most e of the
+ * row's scale: the rule drops it only where e <= 2^-10, below the 16-bit
+ * dtypes' own rounding (2^-8, 2^-11 relative) of O. In fp32 that would be
+ * far above the rounding, and the residue the rule removes is fp32's own
+ * (2^-24), so fp32 (the CPU's) has no rule: the formula on every row. A
+ * learnable sink turns the rule off too (it takes mass: P < 1 always). */
 #define FC_ONE_KEY_P 0.9990234375f
 
 #endif /* FLASHC_COMMON_WINDOW_H */

@@ -531,19 +531,21 @@ static void fc_bwd_probs(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const fc_
 /* s->p holds P, s->dp holds dOi Vj^T: overwrite s->p with dS (without the
  * factor scale, which the stores of dQ and dK apply). A row that sees one key
  * gets dS = 0 when that key's P is at least FC_ONE_KEY_P, or when the key is
- * in another tile (P = 0 here): common/window.h's one-key rule. With a
+ * in another tile (P = 0 here): common/window.h's one-key rule, for 16-bit
+ * dtypes only (fp32's residue is its own rounding, 2^-24). With a
  * learnable sink the row's P is below 1 and the formula applies (the rule is
  * off): the sink takes no value, so for one key (no dropout) Delta = P dP and
  * dS = P (1 - P) dP != 0. */
 static void fc_bwd_dscores(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const fc_bwd_tile *t) {
     int ld = c->pl.bc;
     bool dropout = c->a->dropout_p > 0.0f, cap = c->a->softcap > 0.0f;
+    bool one_key_rule = !c->a->sink && c->a->dtype != FLASHC_DTYPE_FP32;
     for (int r = 0; r < t->br; r++) {
         if (s->lse[r] == -INFINITY) continue; /* P = 0, so dS = 0 */
         float *p = s->p + (size_t)r * ld;
         int64_t lo, hi;
         fc_key_range(c->a, t->sq, t->sk, t->i0 + r, &lo, &hi);
-        if (!c->a->sink && hi - lo == 1 &&
+        if (one_key_rule && hi - lo == 1 &&
             (lo < t->j0 || lo >= t->j0 + t->bc || p[lo - t->j0] >= FC_ONE_KEY_P)) {
             memset(p, 0, (size_t)t->bc * sizeof(float));
             continue;

@@ -649,3 +649,41 @@ def test_bad_input():
     assert e.value.status == UNSUPPORTED
     with pytest.raises(flashc.FlashcArgumentError, match="window_size"):
         fi._flash_attn_forward(q, q, q, 0.0, None, False, 1.5, -1, 0.0, None, False)
+
+
+# ---- the one-key rule with a merged lse ----
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_key_merged_lse(dtype):
+    """A query sees key A (one key of its call, P = 0.99954 under the merged lse) and
+    keys B in a second call, as in a ring attention: the two backwards with the merged
+    out and lse sum to the whole call's gradients, by the tolerance rule against the
+    naive same-precision attention. fp32 has no one-key rule (dS = 0): its dq was 100%
+    off while the rule dropped the A call's dS; bf16 keeps the rule, which drops a term
+    at most 2^-10 of the row's scale (src/common/window.h), below bf16's rounding."""
+    g = torch.Generator().manual_seed(0)
+    d = 16
+    q = torch.randn(1, 1, 1, d, dtype=torch.float64, generator=g)
+    ka, kb = q * 0.9, torch.randn(1, 4, 1, d, dtype=torch.float64, generator=g) * 0.1
+    va, vb = (torch.randn(1, n, 1, d, dtype=torch.float64, generator=g) for n in (1, 4))
+    k, v = torch.cat([ka, kb], 1), torch.cat([va, vb], 1)
+    scale = 9.0 / (0.9 * (q * q).sum().item())
+    dout = torch.randn(1, 1, 1, d, dtype=torch.float64, generator=g)
+    grads = []
+    for lowp in (False, True):
+        x = [(t if not lowp else t.to(dtype)).clone().requires_grad_() for t in (q, k, v)]
+        out, _ = ref_attention(*x, softmax_scale=scale, lowp=lowp)
+        out.backward(dout.to(out.dtype))
+        grads.append(x[0].grad)
+    p = (torch.einsum("bqhd,bkhd->bhqk", q, k) * scale).softmax(-1)
+    assert 1 - 2 ** -10 < p[0, 0, 0, 0].item() < 1  # inside the rule's range
+    c = lambda t: t.to(dtype)
+    out, lse, _, _ = fi._flash_attn_forward(c(q), c(k), c(v), 0.0, scale, False, -1, -1, 0.0,
+                                            None, False)
+    dq = torch.zeros(1, 1, 1, d)
+    for kk, vv in ((ka, va), (kb, vb)):
+        part = torch.empty(1, 1, 1, d, dtype=dtype)
+        dk, dv = torch.empty_like(c(kk)), torch.empty_like(c(vv))
+        fi._flash_attn_backward(c(dout), c(q), c(kk), c(vv), out, lse, part, dk, dv, 0.0, scale,
+                                False, -1, -1, 0.0, None, False)
+        dq += part.float()
+    check("dq", dq, grads[0], grads[1], dtype)
