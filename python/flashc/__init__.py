@@ -22,6 +22,9 @@ editing the code that makes them (`with flashc.sdpa.route():`, or `python -m fla
 script.py`). It is imported on first use of flashc.sdpa, so that `python -m flashc.sdpa`
 runs it once.
 
+flashc.parallel (imported as a submodule: `import flashc.parallel`) runs ring attention over a
+sequence sharded across the ranks of a torch.distributed group (context parallelism).
+
 python/flash_attn_shim holds a package named flash_attn made of these modules, and
 flash_attn_3 and flash_attn_interface made of flashc.v3, and flash_attn_2_cuda made of
 flashc.flash_attn_2_cuda, for code that imports flash_attn
