@@ -68,6 +68,10 @@ __all__ = ["ring_flash_attn_func", "ring_flash_attn_varlen_func", "shard", "unsh
 
 # ---- layouts: the global chunks a rank holds ----
 def _world(group):
+    """(world size, rank) of `group`; a process without torch.distributed initialised is
+    a world of one (the default group only), where the ring is one hop and no message."""
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        return 1, 0
     return dist.get_world_size(group), dist.get_rank(group)
 
 
@@ -94,11 +98,19 @@ def shard(x, group=None, zigzag=True, dim=1):
     return torch.cat([pieces[i] for i in idx], dim) if len(idx) > 1 else pieces[idx[0]]
 
 
-def unshard(x, group=None, zigzag=True, dim=1):
-    """The whole sequence from every rank's rows x (shard's inverse; a collective)."""
+def _gather(x, group):
+    """(world size, every rank's x in rank order)."""
     world, _ = _world(group)
+    if world == 1:
+        return 1, [x]
     parts = [torch.empty_like(x) for _ in range(world)]
     dist.all_gather(parts, x.contiguous(), group=group)
+    return world, parts
+
+
+def unshard(x, group=None, zigzag=True, dim=1):
+    """The whole sequence from every rank's rows x (shard's inverse; a collective)."""
+    world, parts = _gather(x, group)
     chunks = [None] * (2 * world if zigzag else world)
     for r, part in enumerate(parts):
         idx, _ = _chunks(world, r, zigzag)
@@ -134,9 +146,7 @@ def shard_varlen(x, cu_seqlens, group=None, zigzag=True):
 def unshard_varlen(x, cu_seqlens, group=None, zigzag=True):
     """The whole packed sequences from every rank's rows x (total_local, ...) and their
     local cu_seqlens (shard_varlen's inverse; a collective)."""
-    world, _ = _world(group)
-    parts = [torch.empty_like(x) for _ in range(world)]
-    dist.all_gather(parts, x.contiguous(), group=group)
+    world, parts = _gather(x, group)
     cu, lens = _lengths(cu_seqlens)
     out = []
     for b, n in enumerate(lens):
@@ -190,9 +200,8 @@ def _pair(qs, ks, left, right):
     Row i (position qs.pos + i) sees keys j in [i + d - left, i + d + right], d = qs.pos -
     ks.pos. After trimming, row i' = i - i0 sees j' = j - j0 in [i' + e - left, i' + e +
     right], e = d + i0 - j0, which flashc writes as [i' + nk - nq - L, i' + nk - nq + R].
-    L, R >= 0: the first row's first key is j0 (so e - left <= 0 ... and the last row
-    sees a key: nq - 1 + e - left <= nk - 1), and the last row's last key is the last
-    key (nq - 1 + e + right >= nk - 1)."""
+    L >= 0 because the last row sees a key (nq - 1 + e - left <= nk - 1), R >= 0 because
+    the last key is one the last row sees (nq - 1 + e + right >= nk - 1)."""
     d = qs.pos - ks.pos
     i0 = 0 if right < 0 else max(0, -(d + right))
     i1 = qs.n - 1 if left < 0 else min(qs.n - 1, ks.n - 1 - (d - left))
@@ -257,10 +266,8 @@ class _Ring:
     def __init__(self, group):
         self.group = group
         self.world, self.rank = _world(group)
-        self.next = dist.get_global_rank(group, (self.rank + 1) % self.world) \
-            if group is not None else (self.rank + 1) % self.world
-        self.prev = dist.get_global_rank(group, (self.rank - 1) % self.world) \
-            if group is not None else (self.rank - 1) % self.world
+        self.next, self.prev = ((dist.get_global_rank(group, r % self.world) if group is not None
+                                 else r % self.world) for r in (self.rank + 1, self.rank - 1))
 
     def start(self, tensors):
         """Send `tensors` to the next rank and receive their likes from the previous one,
