@@ -1,6 +1,6 @@
 """test_parallel.py : flashc.parallel (ring attention) with 2 and 4 gloo processes on CPU.
 
-Each world size is one spawn of W processes (torch.multiprocessing, a free TCP port, a
+Each world size is one spawn of W processes (torch.multiprocessing, a rendezvous file, a
 deadline after which the processes are killed and the test fails instead of hanging).
 In them, every case shards a whole sequence (zigzag or contiguous), runs the ring
 forward and backward, gathers out, lse, dq, dk, dv, and rank 0 checks each with
@@ -10,12 +10,10 @@ sequence as the baseline (the ring's error at most twice flashc's plus one round
 The sweep: causal or not x zigzag or not x MHA/GQA x window or not x softcap or not x
 batched/varlen x fp32/bf16 at W = 2, a covering subset at W = 4, and v's head dim
 differing from q's. The plan (which calls a hop makes) and the refusals are checked in
-this process.
+this process; bench/ring.py runs once under torchrun with 2 gloo processes.
 """
 import json
-import math
 import os
-import socket
 import time
 
 import pytest
@@ -28,12 +26,6 @@ from test_flashc import check, rand, ref_attention
 DEADLINE_S = 120  # per spawn; a hang fails here instead of blocking CI
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _cases(world):
     """(name, options) of the sweep at `world` ranks."""
     cases = []
@@ -44,8 +36,9 @@ def _cases(world):
                     for gqa in (False, True):
                         for window in (False, True):
                             for softcap in (False, True):
-                                if world > 2 and (gqa != softcap or window == varlen):
-                                    continue  # W = 4: a covering subset
+                                if world > 2 and (gqa != softcap or window == varlen or
+                                                  zigzag == (causal != gqa)):
+                                    continue  # W = 4: each option both ways, 16 cases
                                 cases.append(dict(dtype=dtype, varlen=varlen, causal=causal,
                                                   zigzag=zigzag, gqa=gqa, window=window,
                                                   softcap=softcap, dv=None))
@@ -144,11 +137,13 @@ def _check_case(c, got, inputs, opts, lens):
         check(name + " vs flashc", got[name], r64[name], one[name], tol_dt)
 
 
-def _worker(rank, world, port, result_dir):
+def _worker(rank, world, result_dir):
     import torch.distributed as dist
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
-                            world_size=world)
+    # rendezvous through a file: no port to pick (and lose to another process meanwhile);
+    # gloo's own connections take ports the system assigns
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(result_dir, "rdzv"),
+                            rank=rank, world_size=world)
     failures, count = {}, 0
     for i, (name, c) in enumerate(_cases(world)):
         try:
@@ -167,8 +162,8 @@ def _worker(rank, world, port, result_dir):
 
 def _spawn(world, tmp_path):
     import torch.multiprocessing as mp
-    ctx = mp.start_processes(_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world,
-                             join=False, start_method="spawn")
+    ctx = mp.start_processes(_worker, args=(world, str(tmp_path)), nprocs=world, join=False,
+                             start_method="spawn")
     deadline = time.monotonic() + DEADLINE_S
     try:
         while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
@@ -191,7 +186,26 @@ def test_ring_gloo(world, tmp_path):
     _spawn(world, tmp_path)
 
 
-# ---- the plan, in this process ----
+# ---- in this process ----
+# Single-process flashc itself (one call on each whole sequence: W = 1 without zigzag is
+# that call) misses the rule's naive bound for dk on these inputs (bf16, sequences of
+# 3, 1 and 2 rows, scores up to ~60): error 0.0645 > bound 0.0631 (naive 0.0236). strict:
+# when flashc's backward meets the bound, these pass and the marks must go.
+_FLASHC_OWN_MISS = {"dtypebf16-varlen", "dtypebf16-varlen-window"}
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="flashc's own dk, not the ring's"))
+    if c[0] in _FLASHC_OWN_MISS else c for c in _cases(2)], ids=[name for name, _ in _cases(2)])
+def test_world_of_one(case):
+    """Without torch.distributed initialised the ring is one rank (one hop, no message):
+    every case of the sweep, zigzag's two chunks included, on the whole sequence."""
+    name, c = case
+    got, inputs, opts, lens = _run_case(c, 1, seed=7)
+    _check_case(c, got, inputs, opts, lens)
+
+
+
 def _calls(world, rank, lens, left, right, zigzag):
     """The pieces of each hop of `rank`."""
     q_segs = parallel._segments(lens, world, rank, zigzag)
@@ -294,3 +308,27 @@ def test_bad_input():
         with pytest.raises(flashc.FlashcArgumentError) as e:
             fn()
         assert message in str(e.value), str(e.value)
+
+
+def test_bench_ring_torchrun():
+    """bench/ring.py runs under torchrun with 2 gloo processes: a CSV row per shape whose
+    ring out matches the whole-sequence call."""
+    import subprocess
+    import sys
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir)
+    env = dict(os.environ, FLASHC_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in (os.path.join(root, "python"),
+                                                      os.environ.get("PYTHONPATH")) if p))
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc_per_node=2", os.path.join(root, "bench", "ring.py"),
+                          "--seqlen-per-rank", "32", "--causal", "0,1", "--heads", "2",
+                          "--kv-heads", "1", "--headdim", "16", "--reps", "1"],
+                         capture_output=True, text=True, env=env, timeout=DEADLINE_S)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = [l for l in run.stdout.splitlines() if l.startswith(("backend,", "gloo,"))]
+    header, rows = lines[0].split(","), [dict(zip(lines[0].split(","), l.split(",")))
+                                         for l in lines[1:]]
+    assert header[-1] == "max_diff" and [r["causal"] for r in rows] == ["0", "1"]
+    for r in rows:
+        assert r["world"] == "2" and r["seqlen"] == "64" and float(r["max_diff"]) < 1e-5
+        assert float(r["efficiency"]) > 0
