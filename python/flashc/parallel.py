@@ -50,7 +50,10 @@ Costs, stated: flashc's forward writes its partial out in the input dtype (the C
 out is q's dtype), so in bf16 each partial out is rounded once before the fp32 merge:
 one bf16 rounding per hop of a partial whose weight is e^(lse_hop - lse), no rounding
 of the accumulator per hop; the tests hold the result to the same rule as a
-single-process call. dK, dV travel in fp32 (twice the bytes of bf16). The varlen forms
+single-process call. dK, dV travel in fp32 (twice the bytes of bf16). The backward runs
+each piece in which a row sees one key with a learnable sink of -inf (_one_key says why),
+so on CUDA tensors it needs the CUDA backend's sinks: until they land it raises
+FlashcError (FLASHC_ERR_UNSUPPORTED); the forward does not need them. The varlen forms
 make one call per sequence and chunk pair (a local rows' sequence is not contiguous in
 the zigzag layout); the batched forms make one to three calls per hop.
 """
