@@ -9,7 +9,7 @@
 
 Each rank holds --seqlen-per-rank rows of a sequence W times as long (W = the world
 size) in the zigzag layout and runs ring_flash_attn_func (forward, or forward and
-backward with --mode fwdbwd). The baseline is the same call on one device at the same
+backward with --mode fwdbwd), K, V passed round the ring or all-gathered (--kv-comm). The baseline is the same call on one device at the same
 per-device sequence length: flash_attn_func on (batch, seqlen_per_rank, ...), which
 does 1/W of a rank's ring work (a rank meets W key blocks). So
 
@@ -41,7 +41,7 @@ from compare import flops  # noqa: E402  flash-attention's FLOP count, once
 import flashc  # noqa: E402
 from flashc import parallel  # noqa: E402
 
-COLUMNS = ["backend", "world", "mode", "dtype", "batch", "heads", "kv_heads", "headdim",
+COLUMNS = ["backend", "world", "kv_comm", "mode", "dtype", "batch", "heads", "kv_heads", "headdim",
            "seqlen_per_rank", "seqlen", "causal", "ring_ms", "one_ms", "efficiency",
            "tflops_per_rank", "max_diff"]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -78,7 +78,7 @@ def _call(attn, inputs, dout, mode, **opts):
     return run
 
 
-def bench_shape(args, device, s_rank, causal):
+def bench_shape(args, device, s_rank, causal, kv_comm):
     world = dist.get_world_size()
     dt = DTYPES[args.dtype]
     s = s_rank * world
@@ -90,7 +90,7 @@ def bench_shape(args, device, s_rank, causal):
              for h in (args.heads, args.kv_heads, args.kv_heads, args.heads)]
     local = [parallel.shard(t) for t in whole]
     opts = dict(causal=bool(causal))
-    out = parallel.ring_flash_attn_func(*local[:3], **opts)
+    out = parallel.ring_flash_attn_func(*local[:3], kv_comm=kv_comm, **opts)
     gathered = parallel.unshard(out)
     diff = torch.zeros(1, dtype=torch.float64)
     if dist.get_rank() == 0:
@@ -98,7 +98,8 @@ def bench_shape(args, device, s_rank, causal):
         diff[0] = (gathered.double() - ref.double()).abs().max().item()
     dist.broadcast(diff, 0)
     del whole
-    ring = _call(parallel.ring_flash_attn_func, local[:3], local[3], args.mode, **opts)
+    ring = _call(parallel.ring_flash_attn_func, local[:3], local[3], args.mode, kv_comm=kv_comm,
+                 **opts)
     one = _call(flashc.flash_attn_func, local[:3], local[3], args.mode, **opts)
     ring()
     one()  # warm-up
@@ -108,7 +109,7 @@ def bench_shape(args, device, s_rank, causal):
         t_one.append(_timed(one, device))
     ms_ring, ms_one = 1e3 * statistics.median(t_ring), 1e3 * statistics.median(t_one)
     f = flops(args.batch, args.heads, s, s, args.headdim, causal, args.mode)
-    return [dist.get_backend(), world, args.mode, args.dtype, args.batch, args.heads,
+    return [dist.get_backend(), world, kv_comm, args.mode, args.dtype, args.batch, args.heads,
             args.kv_heads, args.headdim, s_rank, s, causal, "%.3f" % ms_ring, "%.3f" % ms_one,
             "%.3f" % (world * ms_one / ms_ring), "%.3f" % (f / world / (ms_ring * 1e-3) / 1e12),
             "%.3g" % diff.item()]
@@ -118,6 +119,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seqlen-per-rank", type=parse_list, default=[4096, 16384])
     p.add_argument("--causal", type=parse_list, default=[0, 1])
+    p.add_argument("--kv-comm", type=lambda t: t.split(","), default=["ring"],
+                   help="ring, allgather or both (ring_flash_attn_func's kv_comm)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--kv-heads", type=int, default=16)
@@ -135,7 +138,8 @@ def main():
         torch.cuda.set_device(device)
     args.dtype = args.dtype or ("bf16" if cuda else "fp32")
     dist.init_process_group("nccl" if cuda else "gloo")
-    rows = [bench_shape(args, device, s, c) for s in args.seqlen_per_rank for c in args.causal]
+    rows = [bench_shape(args, device, s, c, m) for s in args.seqlen_per_rank for c in args.causal
+            for m in args.kv_comm]
     if dist.get_rank() == 0:
         lines = [",".join(map(str, r)) for r in rows]
         print(",".join(COLUMNS))
@@ -144,6 +148,7 @@ def main():
             new = not os.path.exists(args.csv)
             with open(args.csv, "a") as f:
                 f.write((",".join(COLUMNS) + "\n" if new else "") + "\n".join(lines) + "\n")
+    dist.barrier()  # no rank tears the group down while another still works (gloo aborts)
     dist.destroy_process_group()
 
 

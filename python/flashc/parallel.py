@@ -10,7 +10,8 @@ calls on local tensors; their partial outputs are merged with the log-sum-exp ru
 
 into an fp32 accumulator, rounded to the input dtype once at the end. The transport is
 torch.distributed (NCCL for CUDA tensors, gloo for CPU tensors): batch_isend_irecv puts
-the next hop's K and V in flight before the current hop computes.
+the next hop's K and V in flight before the current hop computes. kv_comm="allgather"
+gathers every rank's K, V in one collective instead (short sequences).
 
     import flashc.parallel as cp
     q, k, v = (cp.shard(t, group) for t in (q_full, k_full, v_full))   # this rank's rows
@@ -262,15 +263,17 @@ def _hop_pieces(q_segs, k_segs, left, right, same_rank):
     return out
 
 
-# ---- the ring ----
+# ---- the exchanges of K, V and of their gradients ----
 class _Ring:
-    """Point-to-point hops to the next rank of `group`, from the previous one."""
+    """Point-to-point hops to the next rank of `group`, from the previous one: hop h holds
+    the K, V of rank - h, and dK, dV buffers follow them round the ring."""
 
     def __init__(self, group):
         self.group = group
         self.world, self.rank = _world(group)
         self.next, self.prev = ((dist.get_global_rank(group, r % self.world) if group is not None
                                  else r % self.world) for r in (self.rank + 1, self.rank - 1))
+        self.dkv = None  # the backward's (dK, dV) buffers in flight
 
     def start(self, tensors):
         """Send `tensors` to the next rank and receive their likes from the previous one,
@@ -282,39 +285,106 @@ class _Ring:
                 for tag, b in enumerate(bufs)]
         return bufs, dist.batch_isend_irecv(ops)
 
+    def blocks(self, kv):
+        """(source rank, its K, V) for each hop; the next hop's K, V are in flight while the
+        caller computes on these."""
+        for hop in range(self.world):
+            pending = self.start(kv) if hop + 1 < self.world else None
+            yield (self.rank - hop) % self.world, kv
+            if pending is not None:
+                kv, requests = pending
+                _wait(requests)
+
+    def add_grads(self, src, kv, parts):
+        """Add a hop's (piece, dk, dv) parts to the dK, dV of rank src's block, which arrive
+        from the previous rank (zeros at the first hop), and send them on to the next, whose
+        block this is at its next hop (the owner's after the last)."""
+        if self.dkv is None:
+            dkv = tuple(torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in kv)
+        else:
+            dkv, requests = self.dkv
+            _wait(requests)
+        _add_parts(dkv, parts)
+        self.dkv = self.start(dkv) if self.world > 1 else (dkv, [])
+
+    def grads(self):
+        """This rank's dK, dV (fp32), once every hop's were added."""
+        dkv, requests = self.dkv
+        _wait(requests)
+        self.dkv = None
+        return dkv
+
+
+class _AllGather:
+    """K, V of every rank gathered at once (all_gather), dK, dV summed to their owners at
+    the end (reduce_scatter): two collectives in place of W - 1 hops, for sequences short
+    enough that a hop's transfer would not hide under its compute; W blocks in memory."""
+
+    def __init__(self, group):
+        self.group = group
+        self.world, self.rank = _world(group)
+        self.dkv = None  # (dK, dV) of every rank's block, fp32 (W, ...)
+
+    def blocks(self, kv):
+        """(source rank, its K, V) for each hop, in the ring's order."""
+        parts = [_gather(t.contiguous(), self.group)[1] for t in kv]
+        for hop in range(self.world):
+            src = (self.rank - hop) % self.world
+            yield src, tuple(p[src] for p in parts)
+
+    def add_grads(self, src, kv, parts):
+        if self.dkv is None:
+            self.dkv = tuple(torch.zeros((self.world,) + t.shape, dtype=torch.float32,
+                                         device=t.device) for t in kv)
+        _add_parts(tuple(d[src] for d in self.dkv), parts)
+
+    def grads(self):
+        dkv, self.dkv = self.dkv, None
+        if self.world == 1:
+            return tuple(d[0] for d in dkv)
+        mine = tuple(torch.empty_like(d[0]) for d in dkv)
+        for m, d in zip(mine, dkv):
+            dist.reduce_scatter(m, list(d.unbind(0)), group=self.group)
+        return mine
+
+
+_EXCHANGES = {"ring": _Ring, "allgather": _AllGather}
+
 
 def _wait(requests):
     for r in requests:
         r.wait()
 
 
+def _add_parts(dkv, parts):
+    """dK, dV (fp32 views of one block) += a hop's (piece, dk, dv) parts."""
+    for p, dkp, dvp in parts:
+        dkv[0][:, p.k0:p.k0 + p.nk] += dkp.float()
+        dkv[1][:, p.k0:p.k0 + p.nk] += dvp.float()
+
+
+# ---- forward and backward ----
 def _lse_rows(lse, q0, nq):
     return lse[:, :, q0:q0 + nq]
 
 
-def _ring_forward(q, k, v, seg_lens, opts, ring):
-    """out (q's dtype), lse fp32 of q (B, S, H, D) over the ring's K and V (B, S, Hk, D
-    or Dv); seg_lens: the local length of each sequence (batched: [S])."""
+def _ring_forward(q, k, v, seg_lens, opts, comm):
+    """out (q's dtype), lse fp32 of q (B, S, H, D) over every rank's K and V (B, S, Hk, D
+    or Dv), received through comm (_Ring or _AllGather); seg_lens: the local length of
+    each sequence (batched: [S])."""
     scale, softcap, left, right, zigzag = opts
     b, s, h = q.shape[:3]
     acc = torch.zeros(b, s, h, v.shape[-1], dtype=torch.float32, device=q.device)
     lse = torch.full((b, h, s), -math.inf, dtype=torch.float32, device=q.device)
-    q_segs = _segments(seg_lens, ring.world, ring.rank, zigzag)
-    kv, pending = (k, v), None
-    for hop in range(ring.world):
-        if hop + 1 < ring.world:
-            pending = ring.start(kv)  # the next hop's K, V in flight while this one computes
-        src = (ring.rank - hop) % ring.world
-        k_segs = _segments(seg_lens, ring.world, src, zigzag)
-        for pieces in _hop_pieces(q_segs, k_segs, left, right, hop == 0):
+    q_segs = _segments(seg_lens, comm.world, comm.rank, zigzag)
+    for src, (kb, vb) in comm.blocks((k, v)):
+        k_segs = _segments(seg_lens, comm.world, src, zigzag)
+        for pieces in _hop_pieces(q_segs, k_segs, left, right, src == comm.rank):
             for p in pieces:
-                o, l, _ = interface._fwd(q[:, p.q0:p.q0 + p.nq], kv[0][:, p.k0:p.k0 + p.nk],
-                                         kv[1][:, p.k0:p.k0 + p.nk], None, 0.0, scale, False,
+                o, l, _ = interface._fwd(q[:, p.q0:p.q0 + p.nq], kb[:, p.k0:p.k0 + p.nk],
+                                         vb[:, p.k0:p.k0 + p.nk], None, 0.0, scale, False,
                                          p.left, p.right, softcap, False, 0, 0)
                 _merge(acc[:, p.q0:p.q0 + p.nq], _lse_rows(lse, p.q0, p.nq), o, l)
-        if hop + 1 < ring.world:
-            kv, requests = pending
-            _wait(requests)
     return acc.to(q.dtype), lse
 
 
@@ -344,26 +414,22 @@ def _one_key(p):
     return count(0) == 1 or count(p.nq - 1) == 1
 
 
-def _ring_backward(dout, q, k, v, out, lse, seg_lens, opts, deterministic, ring):
-    """dq, dk, dv (fp32) of the ring forward: the hops again, dq accumulated here, dK and
-    dV in buffers that follow K and V round the ring and reach their owner at the end."""
+def _ring_backward(dout, q, k, v, out, lse, seg_lens, opts, deterministic, comm):
+    """dq, dk, dv (fp32) of the ring forward: the hops again with the merged out and lse,
+    dq accumulated here, dK and dV handed to comm (the ring: buffers that follow K and V
+    and reach their owner at the end; all-gather: summed to their owners at the end)."""
     scale, softcap, left, right, zigzag = opts
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    dkv = None
     # a sink of -inf: no term in any softmax, but it turns the backward's one-key rule off
     no_sink = torch.full((q.shape[2],), -math.inf, dtype=torch.float32, device=q.device)
-    q_segs = _segments(seg_lens, ring.world, ring.rank, zigzag)
-    kv, pending, pending_dkv = (k, v), None, None
-    for hop in range(ring.world):
-        if hop + 1 < ring.world:
-            pending = ring.start(kv)
-        src = (ring.rank - hop) % ring.world
-        k_segs = _segments(seg_lens, ring.world, src, zigzag)
-        parts = []  # (piece, dk, dv) of this hop, added to the travelling buffers below
-        for pieces in _hop_pieces(q_segs, k_segs, left, right, hop == 0):
+    q_segs = _segments(seg_lens, comm.world, comm.rank, zigzag)
+    for src, (kb, vb) in comm.blocks((k, v)):
+        k_segs = _segments(seg_lens, comm.world, src, zigzag)
+        parts = []  # (piece, dk, dv) of this hop
+        for pieces in _hop_pieces(q_segs, k_segs, left, right, src == comm.rank):
             for p in pieces:
-                qv, kp, vp = (q[:, p.q0:p.q0 + p.nq], kv[0][:, p.k0:p.k0 + p.nk],
-                              kv[1][:, p.k0:p.k0 + p.nk])
+                qv, kp, vp = (q[:, p.q0:p.q0 + p.nq], kb[:, p.k0:p.k0 + p.nk],
+                              vb[:, p.k0:p.k0 + p.nk])
                 dqp, dkp, dvp = torch.empty_like(qv), torch.empty_like(kp), torch.empty_like(vp)
                 interface._bwd(dout[:, p.q0:p.q0 + p.nq], qv, kp, vp, out[:, p.q0:p.q0 + p.nq],
                                _lse_rows(lse, p.q0, p.nq), dqp, dkp, dvp, None, 0.0, scale,
@@ -371,45 +437,31 @@ def _ring_backward(dout, q, k, v, out, lse, seg_lens, opts, deterministic, ring)
                                no_sink if _one_key(p) else None)
                 dq[:, p.q0:p.q0 + p.nq] += dqp.float()
                 parts.append((p, dkp, dvp))
-        if pending_dkv is None:
-            dkv = (torch.zeros(k.shape, dtype=torch.float32, device=k.device),
-                   torch.zeros(v.shape, dtype=torch.float32, device=v.device))
-        else:
-            dkv, requests = pending_dkv
-            _wait(requests)
-        for p, dkp, dvp in parts:
-            dkv[0][:, p.k0:p.k0 + p.nk] += dkp.float()
-            dkv[1][:, p.k0:p.k0 + p.nk] += dvp.float()
-        if ring.world > 1:
-            pending_dkv = ring.start(dkv)  # to the next rank, whose K, V these are next hop
-        if hop + 1 < ring.world:
-            kv, requests = pending
-            _wait(requests)
-    if pending_dkv is not None:
-        dkv, requests = pending_dkv
-        _wait(requests)
-    return dq, dkv[0], dkv[1]
+        comm.add_grads(src, (kb, vb), parts)
+    dk, dv = comm.grads()
+    return dq, dk, dv
 
 
 class _RingAttnFunc(torch.autograd.Function):
-    """Ring attention of (B, S, H, D) tensors; seg_lens as _ring_forward's."""
+    """Ring attention of (B, S, H, D) tensors; seg_lens as _ring_forward's, kv_comm a key
+    of _EXCHANGES."""
 
     @staticmethod
-    def forward(ctx, q, k, v, seg_lens, opts, deterministic, group):
-        ring = _Ring(group)
+    def forward(ctx, q, k, v, seg_lens, opts, deterministic, group, kv_comm):
         k, v = k.contiguous(), v.contiguous()  # sent as they are
-        out, lse = _ring_forward(q, k, v, seg_lens, opts, ring)
+        out, lse = _ring_forward(q, k, v, seg_lens, opts, _EXCHANGES[kv_comm](group))
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.seg_lens, ctx.opts, ctx.deterministic, ctx.ring = seg_lens, opts, deterministic, ring
+        ctx.args = seg_lens, opts, deterministic, group, kv_comm
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.seg_lens,
-                                    ctx.opts, ctx.deterministic, ctx.ring)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+        seg_lens, opts, deterministic, group, kv_comm = ctx.args
+        dq, dk, dv = _ring_backward(dout.contiguous(), q, k, v, out, lse, seg_lens, opts,
+                                    deterministic, _EXCHANGES[kv_comm](group))
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
 # ---- the public functions ----
@@ -419,12 +471,15 @@ def _refuse(fn, what):
 
 
 def _checked(fn, qkv, shapes, dropout_p, softmax_scale, causal, window_size, softcap,
-             alibi_slopes, learnable_sink, zigzag):
+             alibi_slopes, learnable_sink, zigzag, kv_comm):
     """The options of a ring call, (scale, softcap, left, right, zigzag) with causal as
     right = 0, after the checks that need no communication: ranks (`shapes` as
-    interface._rank's), what ring attention refuses, and q, k, v of the same rows."""
+    interface._rank's), kv_comm, what ring attention refuses, and q, k, v of the same rows."""
     for name, t in zip("qkv", qkv):
         interface._rank(fn, name, t, shapes)
+    if kv_comm not in _EXCHANGES:
+        interface._arg_error("%s: kv_comm=%r but must be one of %s" % (fn, kv_comm,
+                                                                      ", ".join(_EXCHANGES)))
     if dropout_p:
         _refuse(fn, "dropout_p=%r (the mask would differ from a single-process call's)"
                 % (dropout_p,))
@@ -446,29 +501,34 @@ def _checked(fn, qkv, shapes, dropout_p, softmax_scale, causal, window_size, sof
 def ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                          window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                          deterministic=False, return_attn_probs=False, *, learnable_sink=None,
-                         group=None, zigzag=True):
+                         group=None, zigzag=True, kv_comm="ring"):
     """flash_attn_func over a sequence sharded across the ranks of `group` (None: the
     default group). q (batch, seqlen_local, nheads, headdim), k, v (batch, seqlen_local,
     nheads_k, headdim): this rank's rows (shard(x, group, zigzag)); seqlen_local even
     with zigzag. causal, window_size, softcap, softmax_scale as flash_attn_func's, in
     positions of the whole sequence. Differentiable in q, k, v. Every rank calls it
-    with the same shapes and options. Returns this rank's out (batch, seqlen_local,
+    with the same shapes and options. kv_comm="ring" passes K, V round the ring (the next
+    hop's in flight while one computes); "allgather" gathers every rank's K, V in one
+    collective and sums dK, dV to their owners in one (reduce_scatter): fewer, larger
+    messages for short sequences, W blocks in memory. Returns this rank's out (batch, seqlen_local,
     nheads, headdim_v), or (out, softmax_lse (batch, nheads, seqlen_local) fp32, None)
     with return_attn_probs. dropout, alibi_slopes, learnable_sink: FlashcError
     FLASHC_ERR_UNSUPPORTED."""
     fn = "ring_flash_attn_func"
     opts = _checked(fn, (q, k, v), {4: interface._BSHD}, dropout_p, softmax_scale, causal,
-                    window_size, softcap, alibi_slopes, learnable_sink, zigzag)
+                    window_size, softcap, alibi_slopes, learnable_sink, zigzag, kv_comm)
     if zigzag and q.shape[1] % 2:
         _split_error("%s: q.shape[1]" % fn, q.shape[1], 2)
-    out, lse = _RingAttnFunc.apply(q, k, v, [q.shape[1]], opts, bool(deterministic), group)
+    out, lse = _RingAttnFunc.apply(q, k, v, [q.shape[1]], opts, bool(deterministic), group,
+                                   kv_comm)
     return (out, lse, None) if return_attn_probs else out
 
 
 def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, dropout_p=0.0, softmax_scale=None,
                                 causal=False, window_size=(-1, -1), softcap=0.0,
                                 alibi_slopes=None, deterministic=False, return_attn_probs=False,
-                                *, learnable_sink=None, group=None, zigzag=True):
+                                *, learnable_sink=None, group=None, zigzag=True,
+                                kv_comm="ring"):
     """flash_attn_varlen_func over packed sequences sharded across the ranks of `group`:
     q (total_local, nheads, headdim), k, v (total_local, nheads_k, headdim), this rank's
     rows of every sequence (shard_varlen); cu_seqlens int32 (batch + 1) of those rows,
@@ -477,7 +537,7 @@ def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, dropout_p=0.0, softmax_scal
     total_local) fp32, None) with return_attn_probs. Otherwise as ring_flash_attn_func."""
     fn = "ring_flash_attn_varlen_func"
     opts = _checked(fn, (q, k, v), {3: interface._THD}, dropout_p, softmax_scale, causal,
-                    window_size, softcap, alibi_slopes, learnable_sink, zigzag)
+                    window_size, softcap, alibi_slopes, learnable_sink, zigzag, kv_comm)
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or \
             cu_seqlens.dtype != torch.int32:
         interface._arg_error("%s: cu_seqlens must be an int32 (batch + 1) tensor" % fn)
@@ -489,6 +549,6 @@ def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, dropout_p=0.0, softmax_scal
         if zigzag and n % 2:
             _split_error("%s: the local length of sequence %d" % (fn, b), n, 2)
     out, lse = _RingAttnFunc.apply(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), lens, opts,
-                                   bool(deterministic), group)
+                                   bool(deterministic), group, kv_comm)
     out, lse = out.squeeze(0), lse.squeeze(0)
     return (out, lse, None) if return_attn_probs else out

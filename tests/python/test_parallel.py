@@ -8,8 +8,8 @@ DEVELOPERS.md's rule twice: against the float64 reference with the same-precisio
 baseline, and against the float64 reference with single-process flashc on the whole
 sequence as the baseline (the ring's error at most twice flashc's plus one rounding).
 The sweep: causal or not x zigzag or not x MHA/GQA x window or not x softcap or not x
-batched/varlen x fp32/bf16 at W = 2, a covering subset at W = 4, and v's head dim
-differing from q's. The plan (which calls a hop makes) and the refusals are checked in
+batched/varlen x fp32/bf16 at W = 2 (K, V round the ring), 16 cases at W = 4 with each
+option both ways (half of them kv_comm="allgather"), and v's head dim differing from q's. The plan (which calls a hop makes) and the refusals are checked in
 this process; bench/ring.py runs once under torchrun with 2 gloo processes.
 """
 import json
@@ -39,13 +39,15 @@ def _cases(world):
                                 if world > 2 and (gqa != softcap or window == varlen or
                                                   zigzag == (causal != gqa)):
                                     continue  # W = 4: each option both ways, 16 cases
+                                # kv_comm None: the ring; at W = 4 half the cases all-gather
+                                comm = "allgather" if world > 2 and varlen == causal else None
                                 cases.append(dict(dtype=dtype, varlen=varlen, causal=causal,
                                                   zigzag=zigzag, gqa=gqa, window=window,
-                                                  softcap=softcap, dv=None))
+                                                  softcap=softcap, dv=None, kv_comm=comm))
     cases.append(dict(dtype="fp32", varlen=False, causal=True, zigzag=True, gqa=True,
-                      window=True, softcap=False, dv=24))
+                      window=True, softcap=False, dv=24, kv_comm=None))
     cases.append(dict(dtype="bf16", varlen=True, causal=False, zigzag=True, gqa=False,
-                      window=False, softcap=True, dv=8))
+                      window=False, softcap=True, dv=8, kv_comm=None))
     return [("-".join(k if v is True else "%s%s" % (k, v) for k, v in c.items()
                       if v not in (False, None)), c) for c in cases]
 
@@ -64,6 +66,7 @@ def _run_case(c, world, seed):
     chunk = 3
     opts = dict(causal=c["causal"], softcap=6.0 if c["softcap"] else 0.0, softmax_scale=0.4,
                 window_size=(2 * chunk + 1, chunk - 1) if c["window"] else (-1, -1))
+    ring_opts = dict(zigzag=zz, kv_comm=c["kv_comm"] or "ring", return_attn_probs=True, **opts)
     if c["varlen"]:
         lens = [parts * n for n in (3, 1, 2)]  # three sequences, a multiple of the chunks
         total = sum(lens)
@@ -73,8 +76,7 @@ def _run_case(c, world, seed):
         local = [parallel.shard_varlen(t, cu, zigzag=zz)[0] for t in (q, k, v, dout)]
         cu_local = parallel.shard_varlen(q, cu, zigzag=zz)[1]
         leaves = [t.clone().requires_grad_() for t in local[:3]]
-        out, lse, _ = parallel.ring_flash_attn_varlen_func(*leaves, cu_local, zigzag=zz,
-                                                           return_attn_probs=True, **opts)
+        out, lse, _ = parallel.ring_flash_attn_varlen_func(*leaves, cu_local, **ring_opts)
         out.backward(local[3])
 
         def gather(t, dim=0):
@@ -89,8 +91,7 @@ def _run_case(c, world, seed):
                      for i, (hh, dd) in enumerate(((h, d), (hk, d), (hk, dv), (h, dv))))
     local = [parallel.shard(t, zigzag=zz) for t in (q, k, v, dout)]
     leaves = [t.clone().requires_grad_() for t in local[:3]]
-    out, lse, _ = parallel.ring_flash_attn_func(*leaves, zigzag=zz, return_attn_probs=True,
-                                                **opts)
+    out, lse, _ = parallel.ring_flash_attn_func(*leaves, **ring_opts)
     out.backward(local[3])
     got = dict(out=parallel.unshard(out, zigzag=zz), lse=parallel.unshard(lse, zigzag=zz, dim=2),
                dq=parallel.unshard(leaves[0].grad, zigzag=zz),
@@ -157,6 +158,9 @@ def _worker(rank, world, result_dir):
                 break  # a collective may be out of step now: stop here
     with open(os.path.join(result_dir, "rank%d.json" % rank), "w") as f:
         json.dump(dict(count=count, failures=failures), f)
+    # every rank past its last message before any closes its connections: a process group
+    # torn down while a peer still works on its own can abort that peer in gloo
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -296,6 +300,8 @@ def test_bad_input():
         (lambda: parallel.ring_flash_attn_func(q[:, :7], q[:, :7], q[:, :7]),
          "q.shape[1]=7 but must be a multiple of 2"),
         (lambda: parallel.ring_flash_attn_func(q[0], q[0], q[0]), "q.dim()=3"),
+        (lambda: parallel.ring_flash_attn_func(q, q, q, kv_comm="alltoall"),
+         "kv_comm='alltoall' but must be one of ring, allgather"),
         (lambda: parallel.ring_flash_attn_varlen_func(q[0], q[0], q[0],
                                                       torch.tensor([0, 8])), "int32"),
         (lambda: parallel.ring_flash_attn_varlen_func(
@@ -322,13 +328,16 @@ def test_bench_ring_torchrun():
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                           "--nproc_per_node=2", os.path.join(root, "bench", "ring.py"),
                           "--seqlen-per-rank", "32", "--causal", "0,1", "--heads", "2",
-                          "--kv-heads", "1", "--headdim", "16", "--reps", "1"],
+                          "--kv-heads", "1", "--headdim", "16", "--reps", "1",
+                          "--kv-comm", "ring,allgather"],
                          capture_output=True, text=True, env=env, timeout=DEADLINE_S)
     assert run.returncode == 0, run.stderr[-2000:]
     lines = [l for l in run.stdout.splitlines() if l.startswith(("backend,", "gloo,"))]
     header, rows = lines[0].split(","), [dict(zip(lines[0].split(","), l.split(",")))
                                          for l in lines[1:]]
-    assert header[-1] == "max_diff" and [r["causal"] for r in rows] == ["0", "1"]
+    assert header[-1] == "max_diff"
+    assert [(r["causal"], r["kv_comm"]) for r in rows] == [("0", "ring"), ("0", "allgather"),
+                                                           ("1", "ring"), ("1", "allgather")]
     for r in rows:
         assert r["world"] == "2" and r["seqlen"] == "64" and float(r["max_diff"]) < 1e-5
         assert float(r["efficiency"]) > 0
