@@ -51,10 +51,10 @@ Costs, stated: flashc's forward writes its partial out in the input dtype (the C
 out is q's dtype), so in bf16 each partial out is rounded once before the fp32 merge:
 one bf16 rounding per hop of a partial whose weight is e^(lse_hop - lse), no rounding
 of the accumulator per hop; the tests hold the result to the same rule as a
-single-process call. dK, dV travel in fp32 (twice the bytes of bf16). The backward runs
-each piece in which a row sees one key with a learnable sink of -inf (_one_key says why),
-so on CUDA tensors it needs the CUDA backend's sinks: until they land it raises
-FlashcError (FLASHC_ERR_UNSUPPORTED); the forward does not need them. The varlen forms
+single-process call. dK, dV travel in fp32 (twice the bytes of bf16). A row that sees
+one key of a piece runs the backward's one-key rule in bf16 and fp16 (src/common/window.h:
+with the merged lse it drops a term at most 2^-10 of the row's scale, below their
+rounding) and the formula in fp32. The varlen forms
 make one call per sequence and chunk pair (a local rows' sequence is not contiguous in
 the zigzag layout); the batched forms make one to three calls per hop.
 """
@@ -397,31 +397,12 @@ def _merge(acc, lse, out, out_lse):
     lse.copy_(new)
 
 
-def _one_key(p):
-    """Whether a row of piece p sees one key. flashc's backward writes dS = 0 for such a
-    row when its P there, recomputed from the lse, is at least 1 - 2^-10 (the one-key
-    rule, src/common/window.h: a softmax over one element); with the lse merged over
-    several pieces P may be that close to 1 while the other pieces hold the rest of the
-    row, and the rule would drop a gradient of up to 2^-10 |dP|. A learnable sink turns
-    the rule off, and a sink of -inf adds e^-inf = 0 to every softmax (and its gradient
-    is not asked for), so such pieces are run with one. A row's visible keys in the piece
-    number min(nk - 1, i + off + right) - max(0, i + off - left) + 1, off = nk - nq, a
-    concave function of i: the fewest are at the first or the last row."""
-    def count(i):
-        off = p.nk - p.nq
-        hi = p.nk - 1 if p.right < 0 else min(p.nk - 1, i + off + p.right)
-        return hi - (0 if p.left < 0 else max(0, i + off - p.left)) + 1
-    return count(0) == 1 or count(p.nq - 1) == 1
-
-
 def _ring_backward(dout, q, k, v, out, lse, seg_lens, opts, deterministic, comm):
     """dq, dk, dv (fp32) of the ring forward: the hops again with the merged out and lse,
     dq accumulated here, dK and dV handed to comm (the ring: buffers that follow K and V
     and reach their owner at the end; all-gather: summed to their owners at the end)."""
     scale, softcap, left, right, zigzag = opts
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    # a sink of -inf: no term in any softmax, but it turns the backward's one-key rule off
-    no_sink = torch.full((q.shape[2],), -math.inf, dtype=torch.float32, device=q.device)
     q_segs = _segments(seg_lens, comm.world, comm.rank, zigzag)
     for src, (kb, vb) in comm.blocks((k, v)):
         k_segs = _segments(seg_lens, comm.world, src, zigzag)
@@ -433,8 +414,7 @@ def _ring_backward(dout, q, k, v, out, lse, seg_lens, opts, deterministic, comm)
                 dqp, dkp, dvp = torch.empty_like(qv), torch.empty_like(kp), torch.empty_like(vp)
                 interface._bwd(dout[:, p.q0:p.q0 + p.nq], qv, kp, vp, out[:, p.q0:p.q0 + p.nq],
                                _lse_rows(lse, p.q0, p.nq), dqp, dkp, dvp, None, 0.0, scale,
-                               False, p.left, p.right, softcap, deterministic, 0, 0,
-                               no_sink if _one_key(p) else None)
+                               False, p.left, p.right, softcap, deterministic, 0, 0)
                 dq[:, p.q0:p.q0 + p.nq] += dqp.float()
                 parts.append((p, dkp, dvp))
         comm.add_grads(src, (kb, vb), parts)
