@@ -13,6 +13,12 @@ torch.set_num_threads), and torch is held to its flash-attention CPU kernel
 median of --reps runs after one warm-up; flashc and torch alternate run by run,
 so a load that comes and goes hits both.
 
+torch's OpenMP threads spin for a while after each parallel region (libgomp's default
+wait policy), on the cores flashc's pool needs next: alternating at 2 threads on 2 cores
+that made flashc's next call up to 1.7x slower (bench/NOTES.md). The script sets
+OMP_WAIT_POLICY=PASSIVE before torch loads (torch's own times moved by under 5%);
+--omp-active keeps the default, to see the interference.
+
 Modes:
   fwd      forward; TFLOP/s with flash-attention's FLOPs (4*B*H*Sq*Sk*D, halved
            when causal)
@@ -238,7 +244,7 @@ def plot(csv_path, png):
         ax.set_ylabel("torch ms / flashc ms")
         ax.set_title(f"{mode} {dtype}: flashc CPU against torch SDPA CPU (threads, H/KV, D, S)")
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    fig.savefig(png, dpi=72)
 
 
 def main():
@@ -253,6 +259,8 @@ def main():
                    help="fwdbwd rows only up to this S (8k costs minutes a row on 2 cores)")
     p.add_argument("--decode-keys", default="1024,4096,8192")
     p.add_argument("--reps", type=int, default=5, help="timed runs per side (median), >= 5")
+    p.add_argument("--omp-active", action="store_true",
+                   help="leave OMP_WAIT_POLICY as it is (torch's threads spin between calls)")
     p.add_argument("--csv")
     p.add_argument("--plot", metavar="CSV", help="draw a CSV instead of running")
     p.add_argument("--png", default="cpu-torch.png")
@@ -262,6 +270,8 @@ def main():
         return
     if args.reps < 5:
         sys.exit("cpu_torch.py: --reps must be >= 5 (the median of at least five runs)")
+    if not args.omp_active:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read when torch loads
     run(args)
 
 
