@@ -78,6 +78,7 @@ static const fc_fwd_tiles fc_fwd_tile_table[] = {
     {64, 128, 192},
     {INT64_MAX, 128, 128},
 };
+enum { FC_FWD_MAX_BC = 192 }; /* the largest Bc above (fc_fwd_scores' row pointers) */
 
 static fc_fwd_tiles fc_fwd_pick_tiles(int64_t D) {
     size_t n = sizeof fc_fwd_tile_table / sizeof fc_fwd_tile_table[0];
@@ -88,9 +89,12 @@ static fc_fwd_tiles fc_fwd_pick_tiles(int64_t D) {
 
 /* Tiles of at most this many query columns (decode: G * Sq of a GQA group, or
  * the Sq rows of one head) compute Q K^T by rows (fc_fwd_scores) on the AVX-512
- * path. Not on AVX2: its gemm_nt transposes 8 x 8 blocks, and with K streaming
- * from memory (32 heads x 1k..4k keys, fp32) that was 15-25% slower than
- * gemm_nn's narrow columns, though 6-12% faster from cache (bench/NOTES.md). */
+ * path, with the table's dot_rows: each K row read where it lies and widened in
+ * registers, one dot product per query column (1.3-1.46x gemm_nt's transposed
+ * panels on fp16 decode, bench/NOTES.md). Not on AVX2: its gemm_nt transposes
+ * 8 x 8 blocks, and with K streaming from memory (32 heads x 1k..4k keys, fp32)
+ * that was 15-25% slower than gemm_nn's narrow columns, though 6-12% faster
+ * from cache (bench/NOTES.md). */
 #define FC_FWD_ROW_NQ 8
 
 /* ---- workspace ---- */
@@ -337,11 +341,22 @@ static void fc_fwd_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
                                      x->qmul, 0);
         }
     } else if (t->rows) {
-        /* S = Qi Kj^T with the keys across (gemm_nt transposes Kj in registers),
-         * then S^T: gemm_nn's S^T would fill nq of each vector's lanes */
+        /* S = Qi Kj^T with the keys across, then S^T: gemm_nn's S^T would fill nq of
+         * each vector's lanes. dot_rows reads K's rows where they are (a 16-bit cache
+         * widened in registers); else gemm_nt on fp32 rows, transposing Kj in
+         * registers. */
         int ldk, D = (int)a->head_dim;
-        const float *k = fc_fwd_rows(x, &a->k, D, t, j0, nk, t->k, &ldk);
-        x->ops->gemm_nt(t->nq, nk, D, t->qt, D, k, ldk, t->sr, p->Bc, 0);
+        if (x->ops->dot_rows) {
+            const void *rows[FC_FWD_MAX_BC];
+            size_t es = flashc_dtype_size(a->dtype);
+            for (int r = 0; r < nk; r++)
+                rows[r] = (const char *)a->k.ptr +
+                          (fc_kv_row(a, &a->k, t->b, j0 + r) + t->hk * a->k.s_head) * (int64_t)es;
+            x->ops->dot_rows(a->dtype, nk, D, rows, t->qt, D, t->nq, t->sr, p->Bc);
+        } else {
+            const float *k = fc_fwd_rows(x, &a->k, D, t, j0, nk, t->k, &ldk);
+            x->ops->gemm_nt(t->nq, nk, D, t->qt, D, k, ldk, t->sr, p->Bc, 0);
+        }
         for (int r = 0; r < nk; r++)
             for (int c = 0; c < t->nq; c++)
                 t->st[(size_t)r * p->ldq + c] = t->sr[(size_t)c * p->Bc + r];

@@ -88,6 +88,13 @@ typedef struct fc_simd_ops {
      * (fp32 or bf16) interleaved into pairs, fp32 rounded to nearest even
      * (denormals may flush to 0); r1 == NULL gives 0 high halves. */
     void (*pack_pairs)(flashc_dtype dt, int n, const void *r0, const void *r1, uint32_t *dst);
+
+    /* ---- decode's scores (optional; NULL where the path has none) ----
+     * s[c * lds + r] = sum_d q[c * ldq + d] * k_r[d] for r < nk, c < nq (1..8): the
+     * rows k_r = krows[r] of D elements of dtype dt (fp32, fp16 or bf16), widened to
+     * fp32 in registers, so a 16-bit cache needs no fp32 copy and no transpose. */
+    void (*dot_rows)(flashc_dtype dt, int nk, int D, const void *const *krows, const float *q,
+                     int ldq, int nq, float *s, int lds);
 } fc_simd_ops;
 
 /* The active table (never NULL). */

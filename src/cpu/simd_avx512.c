@@ -595,10 +595,58 @@ static void fc_avx512_pack_pairs(flashc_dtype dt, int n, const void *r0, const v
     }
 }
 
+/* ---- decode's scores: rows of K against at most 8 rows of Q ---- */
+/* 16 elements of row p (dtype dt) from element d as fp32; lanes off in m are 0. */
+static inline __m512 fc_widen16(flashc_dtype dt, const void *p, int d, __mmask16 m) {
+    if (dt == FLASHC_DTYPE_FP32) return _mm512_maskz_loadu_ps(m, (const float *)p + d);
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + d);
+    if (dt == FLASHC_DTYPE_FP16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static inline __attribute__((always_inline)) void
+fc_dot_rows_nq(const int NQ, flashc_dtype dt, int nk, int D, const void *const *krows,
+               const float *q, int ldq, float *s, int lds) {
+    const __mmask16 tail = (__mmask16)((1u << (D & 15)) - 1u);
+    for (int r = 0; r < nk; r++) {
+        __m512 acc[8];
+#pragma GCC unroll 8
+        for (int c = 0; c < NQ; c++) acc[c] = _mm512_setzero_ps();
+        int d = 0;
+        for (; d + 16 <= D; d += 16) {
+            __m512 k = fc_widen16(dt, krows[r], d, (__mmask16)0xffff);
+#pragma GCC unroll 8
+            for (int c = 0; c < NQ; c++)
+                acc[c] = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)c * ldq + d), k, acc[c]);
+        }
+        if (d < D) {
+            __m512 k = fc_widen16(dt, krows[r], d, tail);
+#pragma GCC unroll 8
+            for (int c = 0; c < NQ; c++)
+                acc[c] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q + (size_t)c * ldq + d), k,
+                                         acc[c]);
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < NQ; c++) s[(size_t)c * lds + r] = _mm512_reduce_add_ps(acc[c]);
+    }
+}
+
+static void fc_avx512_dot_rows(flashc_dtype dt, int nk, int D, const void *const *krows,
+                               const float *q, int ldq, int nq, float *s, int lds) {
+    switch (nq) {
+#define FC_DOT_CASE_(N) \
+    case N: fc_dot_rows_nq(N, dt, nk, D, krows, q, ldq, s, lds); break;
+    FC_DOT_CASE_(1) FC_DOT_CASE_(2) FC_DOT_CASE_(3) FC_DOT_CASE_(4)
+    FC_DOT_CASE_(5) FC_DOT_CASE_(6) FC_DOT_CASE_(7) FC_DOT_CASE_(8)
+#undef FC_DOT_CASE_
+    default: break; /* nq is 1..8 (simd.h) */
+    }
+}
+
 const fc_simd_ops fc_simd_avx512_ops = {
     FLASHC_SIMD_AVX512,    fc_avx512_gemm_nn,      fc_avx512_gemm_nt,      fc_avx512_gemm_tn,
     fc_avx512_exp2_sum,    fc_avx512_max,          fc_avx512_scale,        fc_avx512_load,
     fc_avx512_store,       fc_avx512_score_mod,    fc_avx512_softmax_cols, fc_avx512_dropout_cols,
     FLASHC_CPU_AVX512BF16, fc_avx512_gemm_bf16_nn, fc_avx512_gemm_bf16_tn, fc_avx512_gemm_bf16_nt,
-    fc_avx512_pack_pairs,
+    fc_avx512_pack_pairs,  fc_avx512_dot_rows,
 };
