@@ -228,22 +228,27 @@ static int fc_fwd_packs_heads(const fc_attn *a, const fc_fwd_plan *p, int64_t sq
     return group > 1 && sq >= 1 && group * sq <= p->Br;
 }
 
+/* Key row j of operand v (k or v) of the tile's sequence and KV head, as bytes
+ * (bwd.c's fc_bwd_kvrow for the forward's tile). */
+static inline const char *fc_fwd_kvrow(const fc_attn *a, const fc_view *v, const fc_fwd_tile *t,
+                                       int64_t j) {
+    return (const char *)v->ptr +
+           (fc_kv_row(a, v, t->b, j) + t->hk * v->s_head) * (int64_t)flashc_dtype_size(a->dtype);
+}
+
 /* Rows j0 .. j0+nk-1 (dim elements each: D of k, Dv of v) of operand v (k or
  * v) of sequence b, kv head hk, as fp32 rows *ld apart: the operand itself when
  * it is fp32 with evenly spaced rows (not paged), else converted into buf. */
 static const float *fc_fwd_rows(const fc_fwd_ctx *x, const fc_view *v, int dim,
                                 const fc_fwd_tile *t, int64_t j0, int nk, float *buf, int *ld) {
     const fc_attn *a = x->a;
-    size_t es = flashc_dtype_size(a->dtype);
     if (a->dtype == FLASHC_DTYPE_FP32 && !a->block_table && v->s_seq <= INT32_MAX) {
         *ld = (int)v->s_seq;
-        return (const float *)v->ptr + fc_kv_row(a, v, t->b, j0) + t->hk * v->s_head;
+        return (const float *)fc_fwd_kvrow(a, v, t, j0);
     }
-    for (int r = 0; r < nk; r++) {
-        int64_t off = fc_kv_row(a, v, t->b, j0 + r) + t->hk * v->s_head;
-        x->ops->load(a->dtype, dim, (const char *)v->ptr + off * (int64_t)es,
-                     buf + (size_t)r * x->plan->ldd, 1.0f);
-    }
+    for (int r = 0; r < nk; r++)
+        x->ops->load(a->dtype, dim, fc_fwd_kvrow(a, v, t, j0 + r), buf + (size_t)r * x->plan->ldd,
+                     1.0f);
     *ld = x->plan->ldd;
     return buf;
 }
@@ -262,9 +267,7 @@ static void fc_fwd_prefetch(const fc_fwd_ctx *x, const fc_view *v, int64_t dim, 
     const fc_attn *a = x->a;
     size_t es = flashc_dtype_size(a->dtype);
     for (int r = 0; r < nk; r++)
-        fc_fwd_prefetch_row((const char *)v->ptr +
-                                (fc_kv_row(a, v, t->b, j0 + r) + t->hk * v->s_head) * (int64_t)es,
-                            (size_t)dim * es);
+        fc_fwd_prefetch_row(fc_fwd_kvrow(a, v, t, j0 + r), (size_t)dim * es);
 }
 
 /* ---- edge blocks: only their visible part ----
@@ -326,9 +329,8 @@ static void fc_fwd_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
         int D = (int)a->head_dim;
         uint32_t *k2 = (uint32_t *)t->k;
         for (int r = 0; r < nk; r++) {
-            int64_t off = fc_kv_row(a, &a->k, t->b, j0 + r) + t->hk * a->k.s_head;
             uint16_t *dst = (uint16_t *)(k2 + (size_t)r * p->ldd);
-            memcpy(dst, (const uint16_t *)a->k.ptr + off, (size_t)D * sizeof(uint16_t));
+            memcpy(dst, fc_fwd_kvrow(a, &a->k, t, j0 + r), (size_t)D * sizeof(uint16_t));
             if (D & 1) dst[D] = 0;
         }
         const uint32_t *qt2 = (const uint32_t *)t->qt;
@@ -348,10 +350,7 @@ static void fc_fwd_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
         int ldk, D = (int)a->head_dim;
         if (x->ops->dot_rows) {
             const void *rows[FC_FWD_MAX_BC];
-            size_t es = flashc_dtype_size(a->dtype);
-            for (int r = 0; r < nk; r++)
-                rows[r] = (const char *)a->k.ptr +
-                          (fc_kv_row(a, &a->k, t->b, j0 + r) + t->hk * a->k.s_head) * (int64_t)es;
+            for (int r = 0; r < nk; r++) rows[r] = fc_fwd_kvrow(a, &a->k, t, j0 + r);
             x->ops->dot_rows(a->dtype, nk, D, rows, t->qt, D, t->nq, t->sr, p->Bc);
         } else {
             const float *k = fc_fwd_rows(x, &a->k, D, t, j0, nk, t->k, &ldk);
@@ -435,12 +434,8 @@ static void fc_fwd_pv_dot(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
     const fc_fwd_plan *p = x->plan;
     uint32_t *v2 = (uint32_t *)t->v;
     for (int r = 0; r < nk; r += 2) {
-        const uint16_t *v0 =
-            (const uint16_t *)a->v.ptr + fc_kv_row(a, &a->v, t->b, j0 + r) + t->hk * a->v.s_head;
-        const uint16_t *v1 = r + 1 < nk
-                                 ? (const uint16_t *)a->v.ptr +
-                                       fc_kv_row(a, &a->v, t->b, j0 + r + 1) + t->hk * a->v.s_head
-                                 : NULL;
+        const void *v0 = fc_fwd_kvrow(a, &a->v, t, j0 + r);
+        const void *v1 = r + 1 < nk ? fc_fwd_kvrow(a, &a->v, t, j0 + r + 1) : NULL;
         x->ops->pack_pairs(FLASHC_DTYPE_BF16, (int)a->head_dim_v, v0, v1,
                            v2 + (size_t)(r / 2) * p->ldd);
         const float *s0 = t->st + (size_t)r * p->ldq;
