@@ -337,7 +337,6 @@ typedef struct fc_backend_impl {
     flashc_backend id;
     flashc_device device;
     int (*usable)(void);
-    bool sinks; /* runs learnable sinks (fc_attn.sink); prepare.c refuses them otherwise */
     fc_attn_op fwd, bwd;
     fc_kvcache_op kvcache;
     void *(*malloc)(size_t bytes); /* aligned to FLASHC_WORKSPACE_ALIGN, or NULL */

@@ -314,16 +314,6 @@ static flashc_status fc_check_sink(fc_ctx *c, const flashc_tensor *t, const char
     return fc_check_tensor(c, t, &r);
 }
 
-/* A backend without learnable sinks refuses a call with one, here, before any
- * workspace or launch (every entry point prepares first). */
-static flashc_status fc_check_backend_sinks(const fc_backend_impl *impl, const flashc_tensor *sink) {
-    if (sink && sink->data && !impl->sinks)
-        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "sink is given: learnable sinks are not supported by the %s backend yet",
-                            impl->id == FLASHC_BACKEND_CUDA ? "CUDA" : flashc_backend_name(impl->id));
-    return FLASHC_OK;
-}
-
 /* attn_probs: fp32 [B, H, sq, sk]. */
 static flashc_status fc_check_probs(fc_ctx *c, const flashc_tensor *t, fc_dim sq, fc_dim sk) {
     if (!t->data) return FLASHC_OK;
@@ -627,7 +617,6 @@ static flashc_status fc_prepare_attention(const fc_operands *o, const flashc_par
         if (c.device == FLASHC_DEVICE_CPU) FC_TRY(fc_check_varlen_values(&c, o));
     }
     FC_TRY(fc_select_backend(&c, p->backend, &call->impl));
-    FC_TRY(fc_check_backend_sinks(call->impl, o->sink));
     FC_TRY(fc_check_backend_dv(call->impl, o->q, o->v, "v"));
 
     fc_attn *a = &call->attn;
@@ -838,7 +827,6 @@ static flashc_status fc_prepare_cache(const flashc_kvcache_args *x, const flashc
     a->max_seqlen_k = kc->kv_capacity;
     if (c.device == FLASHC_DEVICE_CPU) FC_TRY(fc_check_kvcache_values(&c, x, call, &a->max_seqlen_k));
     FC_TRY(fc_select_backend(&c, p->backend, &call->impl));
-    FC_TRY(fc_check_backend_sinks(call->impl, &x->sink));
     FC_TRY(fc_check_backend_dv(call->impl, &x->q, &x->v_cache, "v_cache"));
 
     call->op = FC_OP_KVCACHE;

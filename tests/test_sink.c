@@ -8,8 +8,8 @@
  * lse = s_h exactly), each under every SIMD path the CPU has; varlen forward and
  * backward with an empty sequence; the decode entry point (append, paged cache,
  * GQA); dsink by central differences of the reference and of the library; each
- * run twice and compared bitwise; bad sink and dsink tensors; and the CUDA
- * backend's refusal where a device exists. Sinks are drawn in [-2, 3) with head
+ * run twice and compared bitwise; and bad sink and dsink tensors (the CUDA
+ * backend's sinks: tests/gpu/test_gpu_sink.c). Sinks are drawn in [-2, 3) with head
  * 0 at +12 (the sink takes nearly all the mass) and the last head at -30 (none),
  * so that both overflow-prone ends are exercised.
  */
@@ -505,9 +505,9 @@ FC_TEST(sink_dsink_finite_differences) {
     th_arena_free(&ar);
 }
 
-// ---- bad input and the CUDA backend ----
+// ---- bad input ----
 
-static void sk_small(flashc_fwd_args *f, flashc_bwd_args *a, th_arena *ar, flashc_device dev) {
+static void sk_small(flashc_fwd_args *f, flashc_bwd_args *a, th_arena *ar) {
     const int64_t qs[4] = {1, 4, 2, 8}, ls[3] = {1, 2, 4};
     memset(f, 0, sizeof *f);
     memset(a, 0, sizeof *a);
@@ -522,9 +522,6 @@ static void sk_small(flashc_fwd_args *f, flashc_bwd_args *a, th_arena *ar, flash
     a->dk = th_new_out(th_buf_in(ar), FLASHC_DTYPE_BF16, 4, qs, TH_CONTIG);
     a->dv = th_new_out(th_buf_in(ar), FLASHC_DTYPE_BF16, 4, qs, TH_CONTIG);
     a->dsink = th_new_out(th_buf_in(ar), FLASHC_DTYPE_FP32, 1, (int64_t[]){2}, TH_CONTIG);
-    flashc_tensor *all[] = {&f->q, &f->k, &f->v, &f->out, &f->softmax_lse, &f->sink,
-                            &a->dq, &a->dk, &a->dv, &a->dsink};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) all[i]->device = dev;
     /* the backward reads the forward's tensors: q stands in for out and dout */
     a->q = f->q;
     a->k = f->k;
@@ -560,7 +557,7 @@ FC_TEST(sink_bad_input) {
     flashc_bwd_args a;
     flashc_params p = flashc_params_default();
     /* a sink of the wrong length, rank and dtype; nothing written */
-    sk_small(&f, &a, &ar, FLASHC_DEVICE_CPU);
+    sk_small(&f, &a, &ar);
     f.sink.shape[0] = 3;
     sk_expect_refused(flashc_fwd(&f, &p, NULL, 0), FLASHC_ERR_INVALID_ARG, "sink.shape[0]=3");
     f.sink.shape[0] = 2;
@@ -586,29 +583,6 @@ FC_TEST(sink_bad_input) {
     kv.sink.ndim = 1;
     kv.sink.shape[0] = 1;
     sk_expect_refused(flashc_fwd_kvcache(&kv, &p, NULL, 0), FLASHC_ERR_INVALID_ARG, "sink.shape[0]=1");
-    th_arena_free(&ar);
-}
-
-/* The CUDA backend refuses a sink in every entry point and query, before any
- * launch (the host layer, prepare.c). Runs where CUDA is compiled in and a
- * device is usable: the tensors are host buffers labelled as device memory,
- * which nothing reads because the call stops before. */
-FC_TEST(sink_cuda_refused) {
-    if (!flashc_backend_available(FLASHC_BACKEND_CUDA)) return;
-    th_arena ar = {0};
-    flashc_fwd_args f;
-    flashc_bwd_args a;
-    flashc_params p = flashc_params_default();
-    sk_small(&f, &a, &ar, FLASHC_DEVICE_CUDA);
-    const char *msg = "learnable sinks are not supported by the CUDA backend yet";
-    size_t bytes = 0;
-    sk_expect_refused(flashc_fwd_supported(&f, &p), FLASHC_ERR_UNSUPPORTED, msg);
-    sk_expect_refused(flashc_fwd_workspace_size(&f, &p, &bytes), FLASHC_ERR_UNSUPPORTED, msg);
-    sk_expect_refused(flashc_fwd(&f, &p, NULL, 0), FLASHC_ERR_UNSUPPORTED, msg);
-    sk_expect_refused(flashc_bwd_supported(&a, &p), FLASHC_ERR_UNSUPPORTED, msg);
-    sk_expect_refused(flashc_bwd(&a, &p, NULL, 0), FLASHC_ERR_UNSUPPORTED, msg);
-    flashc_kvcache_args kv = sk_kv_of(&f);
-    sk_expect_refused(flashc_fwd_kvcache(&kv, &p, NULL, 0), FLASHC_ERR_UNSUPPORTED, msg);
     th_arena_free(&ar);
 }
 

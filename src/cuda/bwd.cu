@@ -3,7 +3,8 @@
 //
 // fc_cuda_bwd(a) runs on a->stream, in order: the repack of operands the
 // kernels cannot read in place (as the forward), fc_bwd_pre_kernel (delta,
-// lse2, dq_accum zeroed; common/bwd_prep.cuh), the main kernel (one CTA per
+// lse2, dq_accum zeroed; common/bwd_prep.cuh), with a learnable sink
+// fc_bwd_dsink_kernel (its gradient from delta and lse2), the main kernel (one CTA per
 // (key block, kv head, sequence): sm90/bwd_kernel.cuh on compute capability
 // 9.0 for head dims 33..256, else sm80/bwd_kernel.cuh),
 // fc_bwd_dq_kernel (dq = dq_accum * scale), the copy-back of packed dk, dv.
@@ -154,11 +155,21 @@ extern "C" size_t fc_cuda_bwd_workspace(const fc_attn *a) {
 extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes) {
     fc_cuda_bwd_plan pl;
     FC_TRY(fc_cuda_bwd_plan_make(a, &pl));
-    if (pl.empty) return FLASHC_OK;
+    const cudaStream_t stream = (cudaStream_t)a->stream;
+    if (pl.empty) {
+        // no key: every row sees the sink alone, delta = 0, so dsink = 0
+        if (a->dsink && a->heads > 0) {
+            fc_cuda_bwd_params z = {};
+            z.f.sink = a->sink, z.f.sink_s = a->sink_s;
+            z.dsink = a->dsink, z.dsink_s = a->dsink_s;
+            fc_bwd_dsink_kernel<<<(unsigned)a->heads, kFcBwdPrepThreads, 0, stream>>>(z);
+            FC_CUDA_TRY(cudaGetLastError());
+        }
+        return FLASHC_OK;
+    }
     if (ws_bytes < pl.bytes || !ws)
         return fc_set_error(FLASHC_ERR_WORKSPACE_TOO_SMALL, "workspace_bytes=%zu but %zu are needed",
                             ws_bytes, pl.bytes);
-    const cudaStream_t stream = (cudaStream_t)a->stream;
     char *base = (char *)ws;
     void *pack_ws = base + pl.off[FC_BWW_PACK];
 
@@ -184,6 +195,8 @@ extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes
     p.dq_pitch = (int32_t)pl.dq_pitch;
     p.dq_swizzle = pl.family == FC_FAMILY_SM90;
     p.sem_br = pl.br;
+    p.dsink = a->dsink;
+    p.dsink_s = a->dsink_s;
     p.ds_scale = a->scale;
     p.log2e = fc_score_consts_of(a).log2e;
     p.deterministic = a->deterministic;
@@ -202,6 +215,10 @@ extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes
             fc_bwd_pre_kernel<__nv_bfloat16><<<prep_grid, kFcBwdPrepThreads, 0, stream>>>(p);
         else
             fc_bwd_pre_kernel<__half><<<prep_grid, kFcBwdPrepThreads, 0, stream>>>(p);
+        FC_CUDA_TRY(cudaGetLastError());
+    }
+    if (p.dsink) {
+        fc_bwd_dsink_kernel<<<(unsigned)a->heads, kFcBwdPrepThreads, 0, stream>>>(p);
         FC_CUDA_TRY(cudaGetLastError());
     }
     const dim3 grid((unsigned)((a->max_seqlen_k + pl.bc - 1) / pl.bc), (unsigned)a->kv_heads,

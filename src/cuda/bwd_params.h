@@ -1,5 +1,5 @@
 // bwd_params.h : the one argument struct of the CUDA backward kernels
-// (common/bwd_prep.cuh: the preprocess and dQ kernels; sm80/bwd_kernel.cuh
+// (common/bwd_prep.cuh: the preprocess, dQ and dsink kernels; sm80/bwd_kernel.cuh
 // and sm90/bwd_kernel.cuh: the main kernels).
 //
 // It embeds the forward's fc_cuda_fwd_params (params.h): q, k, v, out, their
@@ -55,6 +55,9 @@ typedef struct fc_cuda_bwd_params {
     int32_t dq_swizzle; // 1: the sm90 kernel's layout, 16-byte chunk c of the row of
                         // query i (in its sequence) at fc_dq_chunk(c, i)
     int32_t sem_br;   // Br of the main kernel (the semaphore granularity)
+
+    float *dsink;     // [H] at h * dsink_s: the learnable sink's gradient (f.sink), or NULL
+    int64_t dsink_s;
 
     float ds_scale;   // d(logit)/d(q.k) without softcap: the softmax scale
     float log2e;      // log2(e): lse2 = lse * log2e

@@ -71,6 +71,14 @@ typedef struct fc_cuda_fwd_params {
     uint32_t dropout_threshold;  // drop iff u16 < threshold (fc_dropout_threshold(p))
     float dropout_rescale;       // 1 / (1 - p), or 1 when off
     uint64_t dropout_seed, dropout_offset;
+
+    // ---- learnable sink (flashc.h flashc_fwd_args.sink) ----
+    // Query head h's sink logit sink[h*sink_s] (natural log) joins the softmax
+    // denominator of each of its rows (common/softmax.cuh fc_sink_normalise).
+    const float *sink;  // [H], or NULL: no sink
+    int64_t sink_s;
+    float log2e;  // log2(e): the sink in log2 units
+    float ln2;    // ln(2): lse back from log2 units
 } fc_cuda_fwd_params;
 
 #endif  // FLASHC_CUDA_PARAMS_H

@@ -264,5 +264,10 @@ fc_cuda_fwd_params fc_cuda_fwd_make_params(const fc_attn *a) {
     p.dropout_rescale = c.drop_scale;
     p.dropout_seed = a->seed;
     p.dropout_offset = a->offset;
+
+    p.sink = a->sink;
+    p.sink_s = a->sink_s;
+    p.log2e = c.log2e;
+    p.ln2 = (float)c.ln2;
     return p;
 }

@@ -8,7 +8,8 @@ test_flashc.py), gradients included (the sink's through autograd).
 - the sink's gradient against central differences of the float64 reference, and
   requires_grad honoured (a sink that does not require it gets none, the others still do).
 - torch.library.opcheck of every op with a sink (and the backward ops' dsink).
-- CUDA tensors with a sink raise FlashcError FLASHC_ERR_UNSUPPORTED (where torch has a GPU).
+- CUDA tensors (where torch has a GPU): flash_attn_func as above in bf16 and fp16, and a
+  decode step over a contiguous and a paged cache, with one key split and several.
 
 Run:  FLASHC_LIBRARY=build/libflashc.so PYTHONPATH=python python3 -m pytest tests/python -q
 """
@@ -63,11 +64,15 @@ OPTS = {
 }
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("dtype", DT)
 @pytest.mark.parametrize("opts", OPTS)
-@pytest.mark.parametrize("shape", [(2, 19, 13, 4, 2, 32), (1, 8, 30, 6, 3, 24)],
-                         ids=["sq>sk", "sq<sk"])
-def test_func(dtype, opts, shape):
+@pytest.mark.parametrize("shape", [(2, 19, 13, 4, 2, 32), (1, 8, 30, 6, 3, 24),
+                                   (2, 130, 130, 4, 4, 128)], ids=["sq>sk", "sq<sk", "d128"])
+def test_func(device, dtype, opts, shape):
+    """On CPU tensors, or CUDA ones (bf16 and fp16) with the reference on the CPU."""
+    if device == "cuda" and (not torch.cuda.is_available() or dtype == "fp32"):
+        pytest.skip("no CUDA device" if dtype != "fp32" else "CUDA runs bf16 and fp16")
     b, sq, sk, h, hk, d = shape
     dt = DT[dtype]
     q, k, v = (rand(b, n, m, d, dtype=dt, seed=s) * 2 for (n, m, s) in
@@ -77,17 +82,18 @@ def test_func(dtype, opts, shape):
     if o.get("alibi_slopes") == "alibi":
         o["alibi_slopes"] = rand(h, seed=4).abs()
     dout = rand(b, sq, h, d, dtype=dt, seed=6)
-    x = leaves(q, k, v, sink)
+    x = [t.to(device).requires_grad_() for t in (q, k, v, sink)]
+    od = {n: (t.to(device) if torch.is_tensor(t) else t) for n, t in o.items()}
     out, lse, _ = flashc.flash_attn_func(*x[:3], learnable_sink=x[3], return_attn_probs=True,
-                                         **o)
-    out.backward(dout)
+                                         **od)
+    out.backward(dout.to(device))
     ref = ref_and_grads((q, k, v, sink), dout, False, **o)
     base = ref_and_grads((q, k, v, sink), dout, True, **o)
     check_all(["out", "lse", "dq", "dk", "dv", "dsink"],
-              [out, lse] + [t.grad for t in x], ref, base, dt)
+              [t.cpu() for t in [out, lse] + [t.grad for t in x]], ref, base, dt)
     if opts == "causal" and sq > sk:  # rows without keys: out 0, lse the sink exactly
         assert (out[:, :sq - sk] == 0).all()
-        assert torch.equal(lse[:, :, :sq - sk], sink.view(1, h, 1).expand(b, h, sq - sk))
+        assert torch.equal(lse[:, :, :sq - sk].cpu(), sink.view(1, h, 1).expand(b, h, sq - sk))
 
 
 def test_packed():
@@ -248,13 +254,35 @@ def test_bad_sink():
         flashc.flash_attn_func(q, q, q, learnable_sink=torch.zeros(2, dtype=torch.float16))
 
 
+# ---- the decode path on CUDA tensors ----
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_cuda_refuses():
-    q = rand(1, 4, 2, 64, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(flashc.FlashcError, match="learnable sinks are not supported by the "
-                                                 "CUDA backend yet") as e:
-        flashc.flash_attn_func(q, q, q, learnable_sink=torch.zeros(2, device="cuda"))
-    assert e.value.status == 2
+@pytest.mark.parametrize("num_splits", [1, 4])
+@pytest.mark.parametrize("paged", [False, True])
+def test_cuda_kvcache(num_splits, paged):
+    """One decode step over a cache (the decode kernel, its splits merged by the combine
+    kernel), GQA 8:2, contiguous and paged (pages of 16 in a shuffled order)."""
+    b, h, hk, d, sc, ps = 2, 8, 2, 64, 256, 16
+    dt = torch.bfloat16
+    q = rand(b, 1, h, d, dtype=dt, seed=1) * 2
+    k_cache, v_cache = rand(b, sc, hk, d, dtype=dt, seed=2), rand(b, sc, hk, d, dtype=dt, seed=3)
+    sink = sink_for(h)
+    kw = {}
+    kc, vc = k_cache.cuda(), v_cache.cuda()
+    if paged:
+        perm = torch.randperm(b * sc // ps, generator=torch.Generator().manual_seed(0))
+        table = perm.view(b, sc // ps).to(torch.int32)
+        kc = torch.empty(b * sc // ps, ps, hk, d, dtype=dt)
+        vc = torch.empty_like(kc)
+        kc[perm] = k_cache.reshape(-1, ps, hk, d)
+        vc[perm] = v_cache.reshape(-1, ps, hk, d)
+        kc, vc, kw["block_table"] = kc.cuda(), vc.cuda(), table.cuda()
+    out, lse = flashc.flash_attn_with_kvcache(q.cuda(), kc, vc, learnable_sink=sink.cuda(),
+                                              num_splits=num_splits, return_softmax_lse=True,
+                                              **kw)
+    ref = ref_sink(q, k_cache, v_cache, sink, lowp=False)
+    base = ref_sink(q, k_cache, v_cache, sink, lowp=True)
+    check("out", out.cpu(), ref[0], base[0], dt)
+    check("lse", lse.cpu(), ref[1], base[1], dt)
 
 
 # ---- the custom ops ----

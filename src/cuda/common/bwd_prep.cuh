@@ -10,8 +10,12 @@
 //   fc_bwd_dq_kernel    dq = dq_accum * scale in the dtype, at the caller's
 //                       strides and head dim (un-swizzling the sm90 kernel's
 //                       rows, bwd_params.h dq_swizzle).
-// Both run over (128-row blocks, H, B); a row that lies past its sequence's
-// padded rows is skipped. out and dout are read with 16-byte loads: bwd.cu
+//   fc_bwd_dsink_kernel the learnable sink's gradient, after the first:
+//                       dsink_h = -sum_i e^(s_h - lse_i) delta_i over the
+//                       rows of head h (P of the sink times dP - delta, with
+//                       dP = 0: the sink has no value), in a fixed order.
+// The first two run over (128-row blocks, H, B); a row that lies past its
+// sequence's padded rows is skipped. out and dout are read with 16-byte loads: bwd.cu
 // hands them in place only when aligned (else a repacked copy).
 #ifndef FLASHC_CUDA_BWD_PREP_CUH
 #define FLASHC_CUDA_BWD_PREP_CUH
@@ -106,6 +110,34 @@ __global__ void __launch_bounds__(kFcBwdPrepThreads)
             dq[base] = T(acc[0] * p.ds_scale);
             if (c + 1 < p.dq_head_dim) dq[base + 1] = T(acc[1] * p.ds_scale);
         }
+    }
+}
+
+// grid (H), block 256. Each thread sums its rows in order, sequence by sequence
+// (rows i < sq only: rows no sequence owns are never read), then a fixed tree:
+// the same bits every run. With batch 0 (nothing to read) it writes 0.
+__global__ void __launch_bounds__(kFcBwdPrepThreads)
+    fc_bwd_dsink_kernel(const __grid_constant__ fc_cuda_bwd_params p) {
+    __shared__ float s_part[kFcBwdPrepThreads / 32];
+    const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float s2 = p.f.sink[(int64_t)h * p.f.sink_s] * p.log2e;
+    float acc = 0.0f;
+    for (int b = 0; b < p.f.batch; ++b) {
+        int sq, tok0;
+        fc_bwd_q_seq(p, b, &sq, &tok0);
+        const int64_t srow0 = (int64_t)h * p.rows + fc_bwd_row0(p, b, tok0);
+        // lse2 = +inf (no key and no sink) gives 2^-inf = 0
+        for (int i = threadIdx.x; i < sq; i += kFcBwdPrepThreads)
+            acc = fmaf(fc_exp2(s2 - p.lse2[srow0 + i]), p.delta[srow0 + i], acc);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) s_part[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float sum = 0.0f;
+        for (int w = 0; w < kFcBwdPrepThreads / 32; ++w) sum += s_part[w];
+        p.dsink[(int64_t)h * p.dsink_s] = 0.0f - sum;  // +0, not -0, for no rows
     }
 }
 

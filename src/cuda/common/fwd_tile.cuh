@@ -13,7 +13,8 @@
 //                   kernel gives the shared address of the thread's first chunk
 //                   and the step between its rows, so any shared layout works
 //                   (sm80: padded rows; sm90: the 128B swizzle of wgmma.cuh)
-//   fc_fwd_store_empty  out = 0 and lse = -inf for a tile with no visible key
+//   fc_fwd_store_empty  out = 0 and lse = -inf (the sink with one) for a tile
+//                   with no visible key
 //   fc_fwd_tile_keys   what a query tile holds: past its sequence, empty, or
 //                   key tiles to work
 //   fc_fwd_tile_begin  the above, for the first lines of a one-tile kernel
@@ -232,9 +233,9 @@ cudaError_t fc_launch_kernel(Kernel kernel, std::atomic<uint64_t> *smem_set, int
     return cudaGetLastError();
 }
 
-// ---- a tile whose rows see no key: out = 0, lse = -inf ----
+// ---- a tile of head h whose rows see no key: out = 0, lse = -inf (the sink with one) ----
 template <typename T, int CH, int BR, int NTH>
-__device__ __forceinline__ void fc_fwd_store_empty(const fc_cuda_fwd_params &p,
+__device__ __forceinline__ void fc_fwd_store_empty(const fc_cuda_fwd_params &p, int h,
                                                    const fc_fwd_seq &seq, int tid) {
     T *o = static_cast<T *>(p.o);
     for (int idx = tid; idx < BR * CH; idx += NTH) {
@@ -243,9 +244,11 @@ __device__ __forceinline__ void fc_fwd_store_empty(const fc_cuda_fwd_params &p,
             *reinterpret_cast<uint4 *>(o + seq.o_base + (int64_t)r * p.o_s_seq + ch * 8) =
                 make_uint4(0u, 0u, 0u, 0u);
     }
-    if (p.lse)
+    if (p.lse) {
+        const float lse = p.sink ? p.sink[(int64_t)h * p.sink_s] : -INFINITY;
         for (int r = tid; r < seq.rows; r += NTH)
-            p.lse[seq.lse_base + (int64_t)r * p.lse_s_seq] = -INFINITY;
+            p.lse[seq.lse_base + (int64_t)r * p.lse_s_seq] = lse;
+    }
 }
 
 // ---- the start of every forward kernel ----
@@ -264,9 +267,10 @@ __device__ __forceinline__ int fc_fwd_tile_keys(const fc_cuda_fwd_params &p, int
 }
 
 // The same for a kernel of one tile per CTA: false when there is nothing more
-// to do (and for an empty tile out = 0 and lse = -inf are written). Written
-// out, not through fc_fwd_tile_keys: through it, ptxas (nvcc 13.0) compiles
-// the sm80 and sm90 kernels differently (48 more instructions at sm90 D64).
+// to do (and for an empty tile out = 0 and lse = -inf, or the sink, are
+// written). Written out, not through fc_fwd_tile_keys: through it, ptxas
+// (nvcc 13.0) compiles the sm80 and sm90 kernels differently (48 more
+// instructions at sm90 D64).
 template <typename T, bool kCausal, int BR, int BC, int CH, int NTH>
 __device__ __forceinline__ bool fc_fwd_tile_begin(const fc_cuda_fwd_params &p, int b, int h,
                                                   int m_block, int tid, fc_fwd_seq *seq, int *n_lo,
@@ -274,7 +278,7 @@ __device__ __forceinline__ bool fc_fwd_tile_begin(const fc_cuda_fwd_params &p, i
     if (!seq->init(p, b, h, m_block * BR, BR)) return false;
     const fc_mask<kCausal> mask(seq->sq, seq->sk, p.window_left, p.window_right);
     if (!mask.template tiles<BC>(seq->m0, seq->m0 + seq->rows - 1, n_lo, n_hi)) {
-        fc_fwd_store_empty<T, CH, BR, NTH>(p, *seq, tid);
+        fc_fwd_store_empty<T, CH, BR, NTH>(p, h, *seq, tid);
         return false;
     }
     return true;

@@ -145,7 +145,8 @@ __global__ void __launch_bounds__(256)
 // splits' natural-log lse and O_s their normalised outputs:
 //     lse = log sum_s e^(lse_s),  out = sum_s e^(lse_s - lse) O_s
 // (flash_attn's combine); every lse_s = -inf (no key seen) gives 0 and -inf, a
-// NaN lse_s (a NaN score) NaN.
+// NaN lse_s (a NaN score) NaN. A learnable sink s of the row's head is one more
+// term e^s in the first sum, with no O: every lse_s = -inf then gives 0 and s.
 enum { FC_COMBINE_WARPS = 4, FC_COMBINE_MAX_SPLITS = 128 };
 
 template <typename T>
@@ -157,8 +158,13 @@ __global__ void __launch_bounds__(32 * FC_COMBINE_WARPS)
     const int64_t row = (int64_t)blockIdx.x * FC_COMBINE_WARPS + warp;   // (b * Hk + hk) * rows + R
     if (row >= per_split) return;  // whole warps only; no block-wide barrier follows
 
+    const int R = (int)(row % p.rows);
+    const int bh = (int)(row / p.rows), b = bh / p.kv_heads, hk = bh % p.kv_heads;
+    const int G = p.f.kv_group, i = R / G, h = hk * G + R % G;
+    const float sink = p.f.sink ? p.f.sink[(int64_t)h * p.f.sink_s] : -INFINITY;
+
     constexpr int kPerLane = FC_COMBINE_MAX_SPLITS / 32;
-    float w[kPerLane], mx = -INFINITY;
+    float w[kPerLane], mx = sink;
 #pragma unroll
     for (int x = 0; x < kPerLane; ++x) {
         const int s = lane + 32 * x;
@@ -175,6 +181,7 @@ __global__ void __launch_bounds__(32 * FC_COMBINE_WARPS)
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (sink != -INFINITY) sum += __expf(sink - mx);
     const bool empty = sum == 0.0f;
     const float inv = empty ? 0.0f : 1.0f / sum;
 #pragma unroll
@@ -184,9 +191,6 @@ __global__ void __launch_bounds__(32 * FC_COMBINE_WARPS)
     }
     __syncwarp();
 
-    const int R = (int)(row % p.rows);
-    const int bh = (int)(row / p.rows), b = bh / p.kv_heads, hk = bh % p.kv_heads;
-    const int G = p.f.kv_group, i = R / G, h = hk * G + R % G;
     // lane handles columns 8 lane .. 8 lane + 7 (head_dim <= 256)
     const int c0 = 8 * lane;
     if (c0 < p.f.head_dim) {

@@ -12,12 +12,15 @@
 // has m = -inf; it uses 0 in place of m (so exp2(-inf) = 0 and no NaN), and ends
 // with l = 0: output 0 and lse = -inf, as flash_attn. A NaN score makes its row's
 // sum NaN, and the row's output and lse NaN (fmaxf skips it in the max, the sum
-// does not), as flash_attn and PyTorch.
+// does not), as flash_attn and PyTorch. A learnable sink (params.h) joins the
+// denominator in finalize() (fc_sink_normalise); a row that saw no key then
+// gets output 0 and lse = the sink.
 #ifndef FLASHC_CUDA_SOFTMAX_CUH
 #define FLASHC_CUDA_SOFTMAX_CUH
 
 #include <math.h>
 
+#include "../params.h"
 #include "ptx.cuh"
 
 __device__ __forceinline__ float fc_quad_max(float x) {
@@ -42,6 +45,32 @@ __device__ __forceinline__ void fc_softmax_rescale(float (&o)[MT][DT][4], const 
             o[mt][dt][2] *= alpha[mt][1];
             o[mt][dt][3] *= alpha[mt][1];
         }
+}
+
+// A row's normaliser and lse with a learnable sink (flashc.h): `sum` is the
+// row's sum of 2^(x - m2) over its keys (m2 its max, x in log2 units), s2 the
+// sink in log2 units, which joins the denominator: sum 2^m2 + 2^s2. With
+// M = max(m2, s2), so that nothing overflows either way (src/cpu/fwd.c does
+// the same in double):
+//     lse2 = M + log2(sum 2^(m2 - M) + 2^(s2 - M)),   inv = rescale 2^(m2 - lse2)
+// and lse = lse2 ln2. A row that saw no key (sum = 0) gets inv = 0 and
+// lse = s2 ln2; a NaN sum gives NaN.
+__device__ __forceinline__ void fc_sink_normalise(float sum, float m2, float s2, float rescale,
+                                                  float ln2, float *inv, float *lse) {
+    if (sum == 0.0f) {
+        *inv = 0.0f;
+        *lse = s2 * ln2;
+        return;
+    }
+    const float top = fmaxf(m2, s2);
+    const float lse2 = top + log2f(sum * fc_exp2(m2 - top) + fc_exp2(s2 - top));
+    *inv = rescale * fc_exp2(m2 - lse2);
+    *lse = lse2 * ln2;
+}
+
+// Query head h's learnable sink in log2 units, -inf without one (params.h).
+__device__ __forceinline__ float fc_sink_log2(const fc_cuda_fwd_params &p, int h) {
+    return p.sink ? p.sink[(int64_t)h * p.sink_s] * p.log2e : -INFINITY;
 }
 
 template <int MT>
@@ -103,12 +132,18 @@ struct fc_softmax {
     }
 
     // After the last tile: the factor that normalises row (mt, hr) of O (times
-    // `rescale`, the dropout 1/(1-p)), and its natural-log lse (score_scale: the
-    // natural units of x). A row that saw no key gets 0 and -inf; a NaN sum
-    // gives NaN.
-    __device__ __forceinline__ void finalize(int mt, int hr, float score_scale, float rescale,
-                                             float *inv, float *lse) const {
+    // `rescale`, the dropout 1/(1-p)), and its natural-log lse (score_scale,
+    // sl2: the natural and log2 units of x). sink2 is the row's learnable sink
+    // in log2 units, -inf without one (fc_sink_normalise). A row that saw no
+    // key gets 0 and lse -inf (the sink with one); a NaN sum gives NaN.
+    __device__ __forceinline__ void finalize(int mt, int hr, float score_scale, float sl2,
+                                             float rescale, float sink2, float ln2, float *inv,
+                                             float *lse) const {
         const float sum = fc_quad_sum(l[mt][hr]);
+        if (sink2 != -INFINITY) {
+            fc_sink_normalise(sum, m[mt][hr] * sl2, sink2, rescale, ln2, inv, lse);
+            return;
+        }
         const bool empty = sum == 0.0f;
         *inv = empty ? 0.0f : rescale / sum;
         *lse = empty ? -INFINITY : m[mt][hr] * score_scale + logf(sum);

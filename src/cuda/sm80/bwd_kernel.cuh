@@ -234,8 +234,8 @@ __global__ void __launch_bounds__(fc_sm80_bwd_traits<D>::kThreads)
                 const float dl = fc_ld_shared_f32(sDelta + (slot * Br + r) * 4);
                 const int lo = mask.lo(i), hi = mask.hi(i);
                 // one visible key: common/window.h's one-key rule (dS = 0 where P
-                // is at least FC_ONE_KEY_P)
-                const bool one_key = max(lo, 0) + 1 == hi;
+                // is at least FC_ONE_KEY_P); off with a sink, which takes mass
+                const bool one_key = !f.sink && max(lo, 0) + 1 == hi;
                 uint32_t keep[NT / 4];
                 if (f.dropout) {
 #pragma unroll

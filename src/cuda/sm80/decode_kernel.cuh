@@ -352,7 +352,9 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
 
     // out row = sum_w e^(m_w - M) O_w / sum_w e^(m_w - M) l_w, M = max_w m_w
     // (x units: e^(m * scale) = 2^(m * score_scale_log2)); a row that saw no
-    // key (every m_w = -inf) gets 0 and lse = -inf
+    // key (every m_w = -inf) gets 0 and lse = -inf. A learnable sink joins the
+    // denominator here when there is one split (fc_sink_normalise), else in
+    // the combine kernel.
     const float sl2 = p.f.score_scale_log2;
     T *o = static_cast<T *>(p.f.o);
     for (int e = tid; e < Br * CH; e += NTH) {
@@ -367,16 +369,23 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
             scale[w] = mx == -INFINITY ? 0.0f : fc_exp2((sM[w * Br + r] - mx) * sl2);
             l += scale[w] * sL[w * Br + r];
         }
-        const bool empty = l == 0.0f;  // NaN (a NaN score) is not empty: NaN out, lse
-        const float inv = empty ? 0.0f : 1.0f / l;
-        const float lse = empty ? -INFINITY : mx * p.f.score_scale + logf(l);
+        const int R = m0 + r, i = R / G, h = hk * G + R % G;
+        // one split: the sink (if any) joins here, else in the combine kernel
+        const float sink2 = p.splits == 1 ? fc_sink_log2(p.f, h) : -INFINITY;
+        float inv, lse;
+        if (sink2 != -INFINITY) {
+            fc_sink_normalise(l, mx * sl2, sink2, 1.0f, p.f.ln2, &inv, &lse);
+        } else {
+            const bool empty = l == 0.0f;  // NaN (a NaN score) is not empty: NaN out, lse
+            inv = empty ? 0.0f : 1.0f / l;
+            lse = empty ? -INFINITY : mx * p.f.score_scale + logf(l);
+        }
         float acc[8];
 #pragma unroll
         for (int x = 0; x < 8; ++x) acc[x] = 0.0f;
 #pragma unroll
         for (int w = 0; w < W; ++w)
             fc_axpy8(acc, scale[w] * inv, sO + (w * Br + r) * Tr::kOPitch + ch * 8);
-        const int R = m0 + r, i = R / G, h = hk * G + R % G;
         if (p.splits == 1) {
             fc_st_global_v4(o + (int64_t)b * p.f.o_s_batch + (int64_t)i * p.f.o_s_seq +
                                 (int64_t)h * p.f.o_s_head + ch * 8,

@@ -610,7 +610,7 @@ __global__ void __launch_bounds__(fc_sm90_bwd_traits<D>::kThreads,
                 else
                     c.template dscores<false>(p, acc_s, acc_dp, q, kb);
             }
-            if (md.partial)
+            if (md.partial && !p.f.sink)  // the rule is off with a sink, which takes mass
                 c.single_key_rows(acc_dp, acc_s, q,
                                   md.drop ? FC_ONE_KEY_P * p.f.dropout_rescale : FC_ONE_KEY_P);
             c.store_ds(acc_s, acc_dp, p_frag, ds_frag);

@@ -162,10 +162,10 @@ __device__ __forceinline__ int64_t fc_ws_row_offset(int sh, int r, int64_t s_seq
     return (int64_t)(r >> sh) * s_seq + (int64_t)(r & ((1 << sh) - 1)) * s_head;
 }
 
-// out = 0 and lse = -inf for a tile whose rows see no key (fc_fwd_store_empty
-// through fc_ws_row_offset).
+// out = 0 and lse = -inf (the sink with one) for a tile of first query head hq
+// whose rows see no key (fc_fwd_store_empty through fc_ws_row_offset).
 template <typename T, int CH, int BR, int NTH>
-__device__ __forceinline__ void fc_ws_store_empty(const fc_cuda_fwd_params &p, int sh,
+__device__ __forceinline__ void fc_ws_store_empty(const fc_cuda_fwd_params &p, int hq, int sh,
                                                   const fc_fwd_seq &seq, int tid) {
     T *o = static_cast<T *>(p.o);
     for (int idx = tid; idx < BR * CH; idx += NTH) {
@@ -176,7 +176,8 @@ __device__ __forceinline__ void fc_ws_store_empty(const fc_cuda_fwd_params &p, i
     }
     if (p.lse)
         for (int r = tid; r < seq.rows; r += NTH)
-            p.lse[seq.lse_base + fc_ws_row_offset(sh, r, p.lse_s_seq, p.lse_s_head)] = -INFINITY;
+            p.lse[seq.lse_base + fc_ws_row_offset(sh, r, p.lse_s_seq, p.lse_s_head)] =
+                p.sink ? p.sink[(int64_t)(hq + (r & ((1 << sh) - 1))) * p.sink_s] : -INFINITY;
 }
 
 // Grid and order: fc_ws_schedule; block kThreads, dynamic smem kSmemBytes.
@@ -473,9 +474,10 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D, kShort>::kThreads, 1)
         // (every wgmma of this warpgroup, the only readers of these rows, is done)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-            float inv, lse;
-            sm.finalize(0, hr, p.score_scale, p.dropout_rescale, &inv, &lse);
             const int r = wg * 64 + (warp & 3) * 16 + 8 * hr + g;  // tile row
+            float inv, lse;  // packed, row r is of query head h + r % G
+            sm.finalize(0, hr, p.score_scale, p.score_scale_log2, p.dropout_rescale,
+                        fc_sink_log2(p, h + (r & ((1 << sh) - 1))), p.ln2, &inv, &lse);
 #pragma unroll
             for (int dt = 0; dt < DT; ++dt)
                 fc_st_shared_b32(sQ + fc_sw128_offset(Br, r, dt) + t * 4,
@@ -509,7 +511,7 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D, kShort>::kThreads, 1)
             const int kind =
                 fc_ws_tile_keys<kCausal, Br, Bc, kPack>(P, w.b, hq, w.m_block, &seq, &n_lo, &n_hi);
             if (kind == FC_TILE_EMPTY)
-                fc_ws_store_empty<T, CH, Br, CT>(p, kPack ? P.pack_shift : 0, seq, tid - 128);
+                fc_ws_store_empty<T, CH, Br, CT>(p, hq, kPack ? P.pack_shift : 0, seq, tid - 128);
             if (kind != FC_TILE_WORK) continue;
             consume(w.b, hq, seq, n_lo, n_hi, u, n0);
             n0 += n_hi - n_lo;
