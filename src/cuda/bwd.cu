@@ -6,8 +6,10 @@
 // lse2, dq_accum zeroed; common/bwd_prep.cuh), with a learnable sink
 // fc_bwd_dsink_kernel (its gradient from delta and lse2), the main kernel (one CTA per
 // (key block, kv head, sequence): sm90/bwd_kernel.cuh on compute capability
-// 9.0 for head dims 33..256, else sm80/bwd_kernel.cuh),
-// fc_bwd_dq_kernel (dq = dq_accum * scale), the copy-back of packed dk, dv.
+// 9.0 for head dims 33..256, else sm80/bwd_kernel.cuh; sm90 splits a KV head's
+// query heads over several CTAs when the grid is short, fc_bwd_kv_split, and
+// fc_bwd_dkv_kernel then sums their fp32 dK, dV parts), fc_bwd_dq_kernel
+// (dq = dq_accum * scale), the copy-back of packed dk, dv.
 // With params.deterministic the main kernel's turn counters are zeroed first.
 // Scratch (bwd_params.h) comes from the workspace: lse2 and delta [H][rows],
 // dq_accum [H][rows][dq_pitch] fp32, the counters [H][rows / Br] int32.
@@ -19,6 +21,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "plan.h"
 
@@ -38,17 +41,19 @@ static int fc_bwd_dim(int family, int64_t d) {
     return fc_dim_at_least(family == FC_FAMILY_SM90 ? kFcSm90BwdDims : kFcSm80BwdDims, d);
 }
 
-// Tile (Br, Bc) and shared memory of the family's backward instance for head dim `dim`.
-static void fc_bwd_shape(int family, int dim, int *br, int *bc, int *smem) {
-    *br = *bc = *smem = 0;
-#define FC_SHAPE_(FAM, F, D)                                \
+// Tile (Br, Bc), shared memory and CTAs per SM (sm80: taken as 1) of the
+// family's backward instance for head dim `dim`.
+static void fc_bwd_shape(int family, int dim, int *br, int *bc, int *smem, int *per_sm) {
+    *br = *bc = *smem = *per_sm = 0;
+#define FC_SHAPE_(FAM, F, D, PER_SM)                        \
     if (family == FAM && dim == D) {                        \
         *br = fc_##F##_bwd_traits<D>::kBr;                  \
         *bc = fc_##F##_bwd_traits<D>::kBc;                  \
         *smem = fc_##F##_bwd_traits<D>::kSmemBytes;         \
+        *per_sm = PER_SM;                                   \
     }
-#define FC_SHAPE80_(D) FC_SHAPE_(FC_FAMILY_SM80, sm80, D)
-#define FC_SHAPE90_(D) FC_SHAPE_(FC_FAMILY_SM90, sm90, D)
+#define FC_SHAPE80_(D) FC_SHAPE_(FC_FAMILY_SM80, sm80, D, 1)
+#define FC_SHAPE90_(D) FC_SHAPE_(FC_FAMILY_SM90, sm90, D, fc_sm90_bwd_traits<D>::kCtasPerSm)
     FC_SM80_BWD_HEADDIMS(FC_SHAPE80_)
     FC_SM90_BWD_HEADDIMS(FC_SHAPE90_)
 #undef FC_SHAPE90_
@@ -73,14 +78,48 @@ static cudaError_t fc_sm90_bwd_run(const fc_cuda_bwd_params &p, bool causal, dim
                                    cudaStream_t stream) {
     using Tr = fc_sm90_bwd_traits<D>;
     FC_LOG("sm90_bwd_kernel<D=%d, %s, causal=%d>: Br=%d Bc=%d q_stages=%d grid=(%u,%u,%u) "
-           "block=%d smem=%d deterministic=%d", D, fc_cuda_dtype_name<T>(), (int)causal, Tr::kBr,
-           Tr::kBc, Tr::kQStages, grid.x, grid.y, grid.z, Tr::kThreads, Tr::kSmemBytes,
-           (int)p.deterministic);
+           "block=%d smem=%d deterministic=%d kv_split=%d", D, fc_cuda_dtype_name<T>(),
+           (int)causal, Tr::kBr, Tr::kBc, Tr::kQStages, grid.x, grid.y, grid.z, Tr::kThreads,
+           Tr::kSmemBytes, (int)p.deterministic, p.kv_split);
     return causal ? sm90_bwd_launch<D, T, true>(p, grid, stream)
                   : sm90_bwd_launch<D, T, false>(p, grid, stream);
 }
 
-enum { FC_BWW_PACK, FC_BWW_LSE2, FC_BWW_DELTA, FC_BWW_DQACC, FC_BWW_SEM, FC_BWW_N };
+enum { FC_BWW_PACK, FC_BWW_LSE2, FC_BWW_DELTA, FC_BWW_DQACC, FC_BWW_SEM, FC_BWW_DKV, FC_BWW_N };
+
+// The GQA split of the sm90 kernel (bwd_params.h kv_split): S CTAs per (key
+// block, KV head), S a divisor of the group G, each walking G / S query heads,
+// when the grid of one CTA per (key block, KV head) would leave SMs idle (few
+// KV heads, short sequences). Among the S whose grid stays within two waves of
+// `slots` CTAs, the one whose last wave is fullest; ties go to the smaller S
+// (less fp32 partial traffic). FLASHC_CUDA_BWD_SPLIT=n takes the largest
+// divisor of G that is at most n instead (tests, measurements).
+static int fc_bwd_kv_split(const fc_attn *a, int bc, int64_t slots) {
+    const int64_t G = a->heads / a->kv_heads;
+    const char *force = getenv("FLASHC_CUDA_BWD_SPLIT");
+    if (force && *force) {
+        const int64_t most = atoll(force);
+        int split = 1;
+        for (int64_t s = 1; s <= G && s <= most; ++s)
+            if (G % s == 0 && a->kv_heads * s <= 65535) split = (int)s;
+        return split;
+    }
+    const int64_t ctas = (a->max_seqlen_k + bc - 1) / bc * a->kv_heads * a->batch;
+    if (ctas >= slots) return 1;
+    int split = 1;
+    double best = 0.0;
+    for (int64_t s = 1; s <= G && a->kv_heads * s <= 65535; ++s) {
+        if (G % s) continue;
+        const int64_t n = ctas * s, waves = (n + slots - 1) / slots;
+        if (waves > 2) break;
+        const double fill = (double)n / (double)(waves * slots);
+        if (fill > best + 1e-9) {
+            split = (int)s;
+            best = fill;
+        }
+    }
+    return split;
+}
 
 // What fc_cuda_bwd will run.
 typedef struct {
@@ -93,6 +132,8 @@ typedef struct {
     bool empty;       // no batch, head or key: nothing to write
     int64_t rows;     // scratch rows per head (a multiple of 128)
     int32_t sq_pad;   // batched: Sq rounded up to kFcBwdPadRows
+    int kv_split;     // CTAs per (key block, KV head): fc_bwd_kv_split
+    int64_t kv_rows;  // key rows of one dkv_accum part (kv_split > 1)
     fc_cuda_pack_plan pk;
     size_t off[FC_BWW_N];
     size_t bytes;
@@ -110,8 +151,8 @@ static flashc_status fc_cuda_bwd_plan_make(const fc_attn *a, fc_cuda_bwd_plan *p
     pl->family = fc_cuda_family(dv, d8, fc_bwd_dim(FC_FAMILY_SM90, d8) != 0);
     const bool sm90 = pl->family == FC_FAMILY_SM90;
     pl->dim = fc_bwd_dim(pl->family, d8);
-    int smem = 0;
-    fc_bwd_shape(pl->family, pl->dim, &pl->br, &pl->bc, &smem);
+    int smem = 0, per_sm = 0;
+    fc_bwd_shape(pl->family, pl->dim, &pl->br, &pl->bc, &smem, &per_sm);
     if (smem > dv.smem_optin)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "head_dim=%lld: the backward needs %d bytes of shared memory per "
@@ -126,6 +167,8 @@ static flashc_status fc_cuda_bwd_plan_make(const fc_attn *a, fc_cuda_bwd_plan *p
     pl->rows = (rows + pad - 1) / pad * pad;
     pl->pk = fc_cuda_pack_layout(a, FC_PACK_N);
     pl->dq_pitch = sm90 ? pl->dim : pl->pk.dp;
+    pl->kv_split = sm90 ? fc_bwd_kv_split(a, pl->bc, (int64_t)dv.sms * per_sm) : 1;
+    pl->kv_rows = a->cu_seqlens_k ? a->total_k : a->batch * a->max_seqlen_k;
     const size_t h = (size_t)a->heads, r = (size_t)pl->rows;
     size_t sizes[FC_BWW_N] = {0};
     if (!pl->empty) {
@@ -134,6 +177,9 @@ static flashc_status fc_cuda_bwd_plan_make(const fc_attn *a, fc_cuda_bwd_plan *p
         sizes[FC_BWW_DELTA] = h * r * sizeof(float);
         sizes[FC_BWW_DQACC] = h * r * (size_t)pl->dq_pitch * sizeof(float);
         if (a->deterministic) sizes[FC_BWW_SEM] = h * (r / (size_t)pl->br) * sizeof(int32_t);
+        if (pl->kv_split > 1)  // dK and dV parts
+            sizes[FC_BWW_DKV] = 2 * (size_t)pl->kv_split * (size_t)a->kv_heads *
+                                (size_t)pl->kv_rows * (size_t)pl->dim * sizeof(float);
     }
     pl->bytes = fc_ws_layout(FC_BWW_N, sizes, pl->off);
     return FLASHC_OK;
@@ -195,6 +241,11 @@ extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes
     p.dq_pitch = (int32_t)pl.dq_pitch;
     p.dq_swizzle = pl.family == FC_FAMILY_SM90;
     p.sem_br = pl.br;
+    p.kv_split = pl.kv_split;
+    p.split_heads = (int32_t)(a->heads / a->kv_heads / pl.kv_split);
+    p.dkv_accum = pl.kv_split > 1 ? (float *)(base + pl.off[FC_BWW_DKV]) : NULL;
+    p.kv_rows = pl.kv_rows;
+    p.dkv_pitch = pl.dim;
     p.dsink = a->dsink;
     p.dsink_s = a->dsink_s;
     p.ds_scale = a->scale;
@@ -221,8 +272,8 @@ extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes
         fc_bwd_dsink_kernel<<<(unsigned)a->heads, kFcBwdPrepThreads, 0, stream>>>(p);
         FC_CUDA_TRY(cudaGetLastError());
     }
-    const dim3 grid((unsigned)((a->max_seqlen_k + pl.bc - 1) / pl.bc), (unsigned)a->kv_heads,
-                    (unsigned)a->batch);
+    const dim3 grid((unsigned)((a->max_seqlen_k + pl.bc - 1) / pl.bc),
+                    (unsigned)(a->kv_heads * pl.kv_split), (unsigned)a->batch);
     e = cudaErrorInvalidValue;  // no instance: cannot happen after the plan
 #define FC_CASE_(F, D)                                                                 \
     case D:                                                                            \
@@ -243,6 +294,15 @@ extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes
         return fc_set_error(FLASHC_ERR_CUDA, "sm%d_bwd_kernel<D=%d, %s, causal=%d> launch: %s",
                             pl.family, pl.dim, bf16 ? "bf16" : "fp16", (int)pl.causal,
                             cudaGetErrorString(e));
+    if (pl.kv_split > 1) {
+        const dim3 kv_grid((unsigned)((a->max_seqlen_k + kFcBwdPrepRows - 1) / kFcBwdPrepRows),
+                           (unsigned)a->kv_heads, (unsigned)a->batch);
+        if (bf16)
+            fc_bwd_dkv_kernel<__nv_bfloat16><<<kv_grid, kFcBwdPrepThreads, 0, stream>>>(p);
+        else
+            fc_bwd_dkv_kernel<__half><<<kv_grid, kFcBwdPrepThreads, 0, stream>>>(p);
+        FC_CUDA_TRY(cudaGetLastError());
+    }
     if (prep_grid.x > 0) {
         if (bf16)
             fc_bwd_dq_kernel<__nv_bfloat16><<<prep_grid, kFcBwdPrepThreads, 0, stream>>>(p);

@@ -16,7 +16,8 @@
 // of Br) lies inside its own sequence's rows: the rows past sq are pad rows
 // (lse2 = +inf, delta = 0: P = 0 there) and no tile reads another sequence's.
 // Arrays: lse2 and delta [H][rows], dq_accum [H][rows][dq_pitch] fp32, and
-// with deterministic = 1 one int32 semaphore per (head, R / Br).
+// with deterministic = 1 one int32 semaphore per (head, R / Br). The key side
+// has its own scratch only with the GQA split (kv_split, below).
 #ifndef FLASHC_CUDA_BWD_PARAMS_H
 #define FLASHC_CUDA_BWD_PARAMS_H
 
@@ -55,6 +56,19 @@ typedef struct fc_cuda_bwd_params {
     int32_t dq_swizzle; // 1: the sm90 kernel's layout, 16-byte chunk c of the row of
                         // query i (in its sequence) at fc_dq_chunk(c, i)
     int32_t sem_br;   // Br of the main kernel (the semaphore granularity)
+
+    // ---- the GQA split (sm90): kv_split CTAs per (key block, KV head) ----
+    // CTA (n, y = hk * kv_split + s, b) walks query heads y split_heads ..
+    // (split_heads = G / kv_split of them) and, with kv_split > 1, writes its
+    // dK (unscaled) and dV in fp32 to part row y of dkv_accum: dK [Hk *
+    // kv_split][kv_rows][dkv_pitch] then dV alike, key row b Sk + j, or the
+    // token (varlen); the dKV kernel (common/bwd_prep.cuh) sums the parts
+    // s = 0 .. kv_split - 1 of each KV head in order into the caller's dk, dv.
+    int32_t kv_split;     // >= 1, divides G
+    int32_t split_heads;  // G / kv_split: query heads per CTA
+    float *dkv_accum;   // kv_split > 1 only
+    int64_t kv_rows;    // B * Sk, or total_k (varlen)
+    int32_t dkv_pitch;  // floats per partial row: the instance's D
 
     float *dsink;     // [H] at h * dsink_s: the learnable sink's gradient (f.sink), or NULL
     int64_t dsink_s;

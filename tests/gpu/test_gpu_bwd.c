@@ -18,7 +18,9 @@
  * - varlen with an empty query sequence and an empty key sequence, causal and
  *   not, GQA, packed views (qkvpacked strides);
  * - operands the kernels cannot read in place: D in {7, 36, 100} and a
- *   misaligned dq / dk.
+ *   misaligned dq / dk;
+ * - the GQA split of the sm90 kernel forced to 1, 2 and G (gpu_bwd_kv_split,
+ *   below); every other case runs it as the rule picks.
  *
  * Build: this file + gpu_helpers.c + tests/helpers.c + tests/run.c, linked with
  * flashc_static and cudart. Needs a CUDA device of compute capability >= 8.0.
@@ -40,6 +42,7 @@ typedef struct {
     th_opts o;
     int deterministic; /* runs: 1, or 50 for the bitwise race test */
     int misalign;      /* dq and dk one element past their buffers' starts */
+    int split;         /* FLASHC_CUDA_BWD_SPLIT for the case, 0: unset (the rule) */
 } gbw_case;
 
 #define GBW_MAX_CASES 320
@@ -184,13 +187,21 @@ done:
     gb_free(&ar);
 }
 
+/* gbw_run_batched with FLASHC_CUDA_BWD_SPLIT set to the case's split (unset for 0). */
+static void gbw_run_case(const void *param) {
+    const gbw_case *c = (const gbw_case *)param;
+    char v[16];
+    snprintf(v, sizeof v, "%d", c->split);
+    gb_with_env("FLASHC_CUDA_BWD_SPLIT", c->split ? v : NULL, gbw_run_batched, param);
+}
+
 static void gbw_add(const char *name, const gbw_case *c) {
     if (gbw_ncases == GBW_MAX_CASES) {
         fprintf(stderr, "test_gpu_bwd: too many cases\n");
         abort();
     }
     gbw_cases[gbw_ncases] = *c;
-    fc_test_add(name, gbw_run_batched, &gbw_cases[gbw_ncases]);
+    fc_test_add(name, gbw_run_case, &gbw_cases[gbw_ncases]);
     gbw_ncases++;
 }
 
@@ -280,6 +291,7 @@ typedef struct {
     flashc_dtype dt;
     int64_t d, h, hk;
     int causal;
+    int split; /* FLASHC_CUDA_BWD_SPLIT, 0: unset */
 } gbw_vcase;
 static gbw_vcase gbw_vcases[8];
 static int gbw_nvcases;
@@ -369,18 +381,73 @@ done:
     gb_free(&ar);
 }
 
+static void gbw_run_varlen_case(const void *param) {
+    const gbw_vcase *c = (const gbw_vcase *)param;
+    char v[16];
+    snprintf(v, sizeof v, "%d", c->split);
+    gb_with_env("FLASHC_CUDA_BWD_SPLIT", c->split ? v : NULL, gbw_run_varlen, param);
+}
+
 FC_TEST_REGISTER(gpu_bwd_varlen) {
-    static const gbw_vcase cs[4] = {{FLASHC_DTYPE_BF16, 64, 4, 2, 0},
-                                    {FLASHC_DTYPE_BF16, 64, 4, 2, 1},
-                                    {FLASHC_DTYPE_FP16, 128, 3, 3, 1},
-                                    {FLASHC_DTYPE_FP16, 256, 2, 1, 0}};
+    static const gbw_vcase cs[4] = {{FLASHC_DTYPE_BF16, 64, 4, 2, 0, 0},
+                                    {FLASHC_DTYPE_BF16, 64, 4, 2, 1, 0},
+                                    {FLASHC_DTYPE_FP16, 128, 3, 3, 1, 0},
+                                    {FLASHC_DTYPE_FP16, 256, 2, 1, 0, 0}};
     for (int i = 0; i < 4; i++) {
         gbw_vcases[gbw_nvcases] = cs[i];
         char name[128];
         snprintf(name, sizeof name, "gpu_bwd_varlen_%s_d%lld_h%lldk%lld%s",
                  flashc_dtype_name(cs[i].dt), (long long)cs[i].d, (long long)cs[i].h,
                  (long long)cs[i].hk, cs[i].causal ? "/causal" : "");
-        fc_test_add(name, gbw_run_varlen, &gbw_vcases[gbw_nvcases]);
+        fc_test_add(name, gbw_run_varlen_case, &gbw_vcases[gbw_nvcases]);
+        gbw_nvcases++;
+    }
+}
+
+/* The GQA split of the sm90 backward (bwd.cu fc_bwd_kv_split; S CTAs per key
+ * block and KV head, fp32 parts of dK, dV summed after): forced through
+ * FLASHC_CUDA_BWD_SPLIT to 1 (no split), 2 and G, for groups G {2, 4, 8, 16},
+ * D {64, 128, 256} and the option cycle, with (Sq, Sk) from {(300, 300),
+ * (113, 17), (17, 113), (1000, 1000)}, every other case deterministic (3 runs,
+ * bitwise); varlen with empty sequences split 2 and G. The other backward
+ * cases run the split by the rule (most short GQA grids split). The sm80
+ * family ignores the variable. */
+FC_TEST_REGISTER(gpu_bwd_kv_split) {
+    static const int64_t groups[4] = {2, 4, 8, 16}, dims[3] = {64, 128, 256};
+    static const int64_t shapes[4][2] = {{300, 300}, {113, 17}, {17, 113}, {1000, 1000}};
+    const th_windows w = {37, 11, 23, 19, 45, 5};
+    int n = 0;
+    for (int gi = 0; gi < 4; gi++)
+        for (int si = 0; si < 3; si++, n++) {
+            gbw_case c;
+            memset(&c, 0, sizeof c);
+            const int64_t G = groups[gi];
+            c.split = si == 0 ? 1 : si == 1 ? 2 : (int)G;
+            if (si == 2 && G == 2) c.split = 3; /* not a divisor: the largest one below, 2 */
+            c.dt = n % 2 ? FLASHC_DTYPE_FP16 : FLASHC_DTYPE_BF16;
+            c.d = dims[(gi + si) % 3];
+            const int sh = (gi + 2 * si) % 4;
+            c.sq = shapes[sh][0];
+            c.sk = shapes[sh][1];
+            c.hk = G >= 8 ? 1 : 2;
+            c.h = c.hk * G;
+            c.b = c.sq * c.sk > 100000 ? 1 : 2;
+            c.o = th_option_cycle(n % TH_OPTION_CYCLE, w);
+            c.deterministic = n % 2 ? 3 : 0;
+            char name[160], kind[16];
+            snprintf(kind, sizeof kind, "split%d_", c.split);
+            gbw_name(name, sizeof name, kind, &c);
+            gbw_add(name, &c);
+        }
+    static const gbw_vcase vs[2] = {{FLASHC_DTYPE_BF16, 128, 8, 1, 1, 2},
+                                    {FLASHC_DTYPE_FP16, 64, 8, 2, 0, 4}};
+    for (int i = 0; i < 2; i++) {
+        gbw_vcases[gbw_nvcases] = vs[i];
+        char name[128];
+        snprintf(name, sizeof name, "gpu_bwd_varlen_split%d_%s_d%lld_h%lldk%lld%s", vs[i].split,
+                 flashc_dtype_name(vs[i].dt), (long long)vs[i].d, (long long)vs[i].h,
+                 (long long)vs[i].hk, vs[i].causal ? "/causal" : "");
+        fc_test_add(name, gbw_run_varlen_case, &gbw_vcases[gbw_nvcases]);
         gbw_nvcases++;
     }
 }

@@ -10,13 +10,17 @@
 //   fc_bwd_dq_kernel    dq = dq_accum * scale in the dtype, at the caller's
 //                       strides and head dim (un-swizzling the sm90 kernel's
 //                       rows, bwd_params.h dq_swizzle).
+//   fc_bwd_dkv_kernel   with the GQA split (bwd_params.h kv_split > 1):
+//                       dk = scale sum_s part_s(dK), dv = sum_s part_s(dV),
+//                       the parts in order, to the caller's dk, dv.
 //   fc_bwd_dsink_kernel the learnable sink's gradient, after the first:
 //                       dsink_h = -sum_i e^(s_h - lse_i) delta_i over the
 //                       rows of head h (P of the sink times dP - delta, with
 //                       dP = 0: the sink has no value), in a fixed order.
-// The first two run over (128-row blocks, H, B); a row that lies past its
-// sequence's padded rows is skipped. out and dout are read with 16-byte loads: bwd.cu
-// hands them in place only when aligned (else a repacked copy).
+// The first two run over (128-row blocks, H, B), the dKV kernel over
+// (128-row blocks, Hk, B); a row that lies past its sequence is skipped. out
+// and dout are read with 16-byte loads: bwd.cu hands them in place only when
+// aligned (else a repacked copy).
 #ifndef FLASHC_CUDA_BWD_PREP_CUH
 #define FLASHC_CUDA_BWD_PREP_CUH
 
@@ -24,6 +28,7 @@
 #include <math.h>
 
 #include "../bwd_params.h"
+#include "merge.cuh"
 #include "ptx.cuh"
 
 #define kFcBwdPrepRows 128   // rows per CTA of both kernels
@@ -110,6 +115,51 @@ __global__ void __launch_bounds__(kFcBwdPrepThreads)
             dq[base] = T(acc[0] * p.ds_scale);
             if (c + 1 < p.dq_head_dim) dq[base + 1] = T(acc[1] * p.ds_scale);
         }
+    }
+}
+
+// grid (ceil(max_seqlen_k / 128), Hk, B), block 256: one thread per (key row,
+// 16-byte chunk of the row), over the rows of sequence b's keys (every one of
+// them had a CTA per part: the main kernel returns only past the keys).
+template <typename T>
+__global__ void __launch_bounds__(kFcBwdPrepThreads)
+    fc_bwd_dkv_kernel(const __grid_constant__ fc_cuda_bwd_params p) {
+    const fc_cuda_fwd_params &f = p.f;
+    const int b = blockIdx.z, hk = blockIdx.y, j0 = blockIdx.x * kFcBwdPrepRows;
+    int64_t k_tok0 = 0;
+    int sk = f.seqlen_k;
+    if (f.cu_seqlens_k) {
+        const fc_span s = fc_cu_span(f.cu_seqlens_k, b, f.total_k, f.seqlen_k);
+        k_tok0 = s.start;
+        sk = s.len;
+    }
+    const int rows = min(kFcBwdPrepRows, sk - j0), chunks = f.head_dim / 8;
+    if (rows <= 0) return;
+    const int64_t kv_heads = f.heads / f.kv_group;
+    const int64_t row0 = (f.cu_seqlens_k ? 0 : (int64_t)b * f.seqlen_k) + k_tok0 + j0;
+    const int64_t part = p.kv_rows * p.dkv_pitch;  // floats per part
+    const int64_t v_off = kv_heads * p.kv_split * part;
+    T *dk = static_cast<T *>(p.dk), *dv = static_cast<T *>(p.dv);
+    for (int idx = threadIdx.x; idx < rows * chunks; idx += kFcBwdPrepThreads) {
+        const int r = idx / chunks, ch = idx % chunks;
+        const float *src =
+            p.dkv_accum + ((int64_t)hk * p.kv_split * p.kv_rows + row0 + r) * p.dkv_pitch + ch * 8;
+        float ak[8], av[8];
+#pragma unroll
+        for (int x = 0; x < 8; ++x) ak[x] = av[x] = 0.0f;
+        for (int s = 0; s < p.kv_split; ++s) {
+            fc_axpy8(ak, 1.0f, src + s * part);
+            fc_axpy8(av, 1.0f, src + v_off + s * part);
+        }
+#pragma unroll
+        for (int x = 0; x < 8; ++x) ak[x] *= p.ds_scale;
+        const int64_t tok = k_tok0 + j0 + r;
+        fc_st_global_v4(dk + (f.cu_seqlens_k ? 0 : (int64_t)b * p.dk_s_batch) + tok * p.dk_s_seq +
+                            hk * p.dk_s_head + ch * 8,
+                        fc_pack8<T>(ak));
+        fc_st_global_v4(dv + (f.cu_seqlens_k ? 0 : (int64_t)b * p.dv_s_batch) + tok * p.dv_s_seq +
+                            hk * p.dv_s_head + ch * 8,
+                        fc_pack8<T>(av));
     }
 }
 

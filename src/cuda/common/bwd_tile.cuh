@@ -21,14 +21,18 @@ struct fc_bwd_block {
     int sq, sk;              // its lengths
     int j0, kv_rows;         // first key of the block, its valid rows
     int m_lo, m_span;        // the query blocks m_lo .. m_lo + m_span - 1 it may see
-    int n_iters;             // G * m_span: (query head, query block) pairs walked
+    int n_iters;             // heads * m_span: (query head, query block) pairs walked
 
-    // False when key block n_block lies past sequence b's keys. The query
-    // blocks come from the window edges, widened by one block each way (the
-    // exact test, fc_mask::tiles, runs per iteration: both sides of the
-    // deterministic turn order agree on which CTAs visit a query block).
+    // False when key block n_block lies past sequence b's keys. The CTA walks
+    // `heads` query heads from a first one h0 (iter_hm): the KV head's group,
+    // or the part of it that bwd_params.h kv_split gives the CTA. The query
+    // blocks come from
+    // the window edges, widened by one block each way (the exact test,
+    // fc_mask::tiles, runs per iteration: both sides of the deterministic turn
+    // order agree on which CTAs visit a query block).
     template <int Br, int Bc, bool kCausal>
-    __device__ __forceinline__ bool init(const fc_cuda_bwd_params &p, int b, int n_block) {
+    __device__ __forceinline__ bool init(const fc_cuda_bwd_params &p, int b, int n_block,
+                                         int heads) {
         const fc_cuda_fwd_params &f = p.f;
         int q0;
         fc_bwd_q_seq(p, b, &sq, &q0);
@@ -57,7 +61,7 @@ struct fc_bwd_block {
             m_hi = min(m_count, max(0, i_hi / Br + 2));
         }
         m_span = m_hi > m_lo ? m_hi - m_lo : 0;
-        n_iters = f.kv_group * m_span;
+        n_iters = heads * m_span;
         return true;
     }
 
@@ -67,10 +71,9 @@ struct fc_bwd_block {
         return fc_bwd_row0(p, b, (int)q_tok0);
     }
 
-    // The query head and block of iteration `it` of KV head hk's CTA.
-    __device__ __forceinline__ void iter_hm(const fc_cuda_fwd_params &f, int hk, int it, int *h,
-                                            int *m) const {
-        *h = hk * f.kv_group + it / m_span;
+    // The query head and block of iteration `it`, the first head being h0.
+    __device__ __forceinline__ void iter_hm(int it, int h0, int *h, int *m) const {
+        *h = h0 + it / m_span;
         *m = m_lo + it % m_span;
     }
 };
@@ -93,14 +96,14 @@ __device__ __forceinline__ void fc_bwd_load_kv(const Ld &ld, const fc_cuda_bwd_p
                             blk.j0, kv, 0);
 }
 
-// Iteration `it`'s query block (Q and dO rows of its head, zero past the
-// sequence's rows; lse2 and delta) into ring slot it % QS: Q at sQ + slot *
-// q_bytes + dst(row, ch) for the thread's first row and chunk, rows `step`
-// bytes apart, dO likewise at sdO, lse2 and delta to the fp32 arrays sLse,
-// sDelta [QS][Br]. One cp.async commit, empty past the last iteration (the
-// group count per iteration stays fixed).
+// Iteration `it`'s query block (h0: the CTA's first query head; Q and dO rows
+// of its head, zero past the sequence's rows; lse2 and delta) into ring slot
+// it % QS: Q at sQ + slot * q_bytes + dst(row, ch) for the thread's first row
+// and chunk, rows `step` bytes apart, dO likewise at sdO, lse2 and delta to
+// the fp32 arrays sLse, sDelta [QS][Br]. One cp.async commit, empty past the
+// last iteration (the group count per iteration stays fixed).
 template <class Ld, int Br, int QS, int NTH, typename T, class Dst>
-__device__ __forceinline__ void fc_bwd_load_q(const fc_cuda_bwd_params &p, int b, int hk,
+__device__ __forceinline__ void fc_bwd_load_q(const fc_cuda_bwd_params &p, int b, int h0,
                                               const fc_bwd_block &blk, int tid, int it,
                                               uint32_t sQ, uint32_t sdO, uint32_t q_bytes,
                                               uint32_t step, uint32_t sLse, uint32_t sDelta,
@@ -108,7 +111,7 @@ __device__ __forceinline__ void fc_bwd_load_q(const fc_cuda_bwd_params &p, int b
     if (it < blk.n_iters) {
         const fc_cuda_fwd_params &f = p.f;
         int h, m;
-        blk.iter_hm(f, hk, it, &h, &m);
+        blk.iter_hm(it, h0, &h, &m);
         const int m0 = m * Br;
         const Ld ld(tid, f.head_dim, min(Br, blk.sq - m0), blk.sk);
         const uint32_t slot = (uint32_t)(it % QS), off = slot * q_bytes + dst(ld.row, ld.ch);

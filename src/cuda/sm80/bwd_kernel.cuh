@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(fc_sm80_bwd_traits<D>::kThreads)
 
     // ---- this sequence, key block and the query blocks it walks ----
     fc_bwd_block blk = {};
-    if (!blk.template init<Br, Bc, kCausal>(p, b, n_block)) return;
+    if (!blk.template init<Br, Bc, kCausal>(p, b, n_block, f.kv_group)) return;
     const int sq = blk.sq, sk = blk.sk, j0 = blk.j0, n_iters = blk.n_iters;
     const fc_mask<kCausal> mask(sq, sk, f.window_left, f.window_right);
 
@@ -145,8 +145,8 @@ __global__ void __launch_bounds__(fc_sm80_bwd_traits<D>::kThreads)
     }
     // Q, dO, lse2, delta of iteration `it` into slot it % QS (one commit)
     auto load_q = [&](int it) {
-        fc_bwd_load_q<Ld, Br, QS, NTH, T>(p, b, hk, blk, tid, it, sQ, sdO, Tr::kQBytes, LD_STEP,
-                                          sLse, sDelta,
+        fc_bwd_load_q<Ld, Br, QS, NTH, T>(p, b, hk * f.kv_group, blk, tid, it, sQ, sdO,
+                                          Tr::kQBytes, LD_STEP, sLse, sDelta,
                                           [](int row, int ch) { return (uint32_t)(row * RBD + ch * 16); });
     };
     load_q(0);  // with K, V: group 0
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(fc_sm80_bwd_traits<D>::kThreads)
 
     for (int it = 0; it < n_iters; ++it) {
         int h, m;
-        blk.iter_hm(f, hk, it, &h, &m);
+        blk.iter_hm(it, hk * f.kv_group, &h, &m);
         const int m0 = m * Br, rows = min(Br, sq - m0);
         const uint32_t slot = (uint32_t)(it % QS);
         const uint32_t sQs = sQ + slot * Tr::kQBytes, sdOs = sdO + slot * Tr::kQBytes;

@@ -7,7 +7,9 @@
 // A CTA of two warpgroups owns the key block Kj, Vj (Bc rows of one KV head
 // hk of one sequence) and keeps dKj, dVj in registers while it walks every
 // query block Qi (Br rows) of every query head of hk's group (GQA sums in
-// place: dK, dV written once):
+// place: dK, dV written once), or of its share of the group when the GQA
+// split (bwd_params.h kv_split) gives the group to several CTAs so that few
+// KV heads still fill the GPU (their fp32 partials summed afterwards):
 //     S^T  = Kj Qi^T,  dP^T = Vj dOi^T    wgmma SS, fp32
 //     P^T  = exp2(x sl2 - lse2)           x, masks, softcap, ALiBi as the
 //     dS^T = P^T o (dP^T - delta) o dt    sm80 kernel (sm80/bwd_kernel.cuh)
@@ -55,7 +57,8 @@
 //     dV, dK GEMMs   dq_barrier, grads, wait_grads
 //     dQ             dq_gemm, wait_all, store_dq (the tile to shared memory),
 //                    retire_dq (the bulk reduction; deterministic: in turn)
-//     epilogue       dK * scale, dV to the caller
+//     epilogue       dK * scale, dV to the caller; with the GQA split
+//                    (kv_split > 1) epilogue_part: fp32 partials instead
 // sm90_bwd_kernel is the schedule: the barriers, which wgmma group each
 // step waits for, and when the next query block loads.
 //
@@ -155,8 +158,9 @@ struct fc_sm90_bwd_cta {
     };
 
     // the kernel's: the thread, its C-fragment row group and column pair
-    // (ptx.cuh), the key block, KV head and sequence; the walk and its mask
-    const int &tid, &g, &t, &n_block, &hk, &b;
+    // (ptx.cuh), the key block, grid row y (KV head y / kv_split, part
+    // y % kv_split of its query heads) and sequence; the walk and its mask
+    const int &tid, &g, &t, &n_block, &y, &b;
     const fc_bwd_block &blk;
     const fc_mask<kCausal> &mask;
     // shared memory (1024-aligned)
@@ -177,10 +181,10 @@ struct fc_sm90_bwd_cta {
     int qr, qc;               // dQ: query row and column of element 0
 
     __device__ __forceinline__ fc_sm90_bwd_cta(const int &tid_, const int &g_, const int &t_,
-                                               const int &n_block_, const int &hk_, const int &b_,
+                                               const int &n_block_, const int &y_, const int &b_,
                                                const fc_bwd_block &blk_,
                                                const fc_mask<kCausal> &mask_, unsigned char *smem)
-        : tid(tid_), g(g_), t(t_), n_block(n_block_), hk(hk_), b(b_), blk(blk_), mask(mask_) {
+        : tid(tid_), g(g_), t(t_), n_block(n_block_), y(y_), b(b_), blk(blk_), mask(mask_) {
         sK = (fc_smem_u32(smem) + 1023u) & ~1023u;
         sV = sK + Tr::kKVBytes;
         sQ = sV + Tr::kKVBytes;
@@ -204,13 +208,13 @@ struct fc_sm90_bwd_cta {
     __device__ __forceinline__ void load_kv(const fc_cuda_bwd_params &p) const {
         const Ld ld(tid, p.f.head_dim, Bc, blk.sk);
         const uint32_t dst = fc_sw128_offset(Bc, ld.row, ld.ch);
-        fc_bwd_load_kv<Ld, Bc, T>(ld, p, b, hk, blk, sK + dst, sV + dst, LD_STEP);
+        fc_bwd_load_kv<Ld, Bc, T>(ld, p, b, y / p.kv_split, blk, sK + dst, sV + dst, LD_STEP);
     }
 
     // Q, dO, lse2, delta of iteration `it` into slot it % QS (one commit).
     __device__ __forceinline__ void load_q(const fc_cuda_bwd_params &p, int it) const {
         fc_bwd_load_q<Ld, Br, QS, NTH, T>(
-            p, b, hk, blk, tid, it, sQ, sdO, Tr::kQBytes, LD_STEP, sLse, sDelta,
+            p, b, y * p.split_heads, blk, tid, it, sQ, sdO, Tr::kQBytes, LD_STEP, sLse, sDelta,
             [](int row, int ch) { return fc_sw128_offset(Br, row, ch); });
     }
 
@@ -219,7 +223,7 @@ struct fc_sm90_bwd_cta {
                                                          int it) const {
         fc_sm90_bwd_qblock q;
         int m;
-        blk.iter_hm(p.f, hk, it, &q.h, &m);
+        blk.iter_hm(it, y * p.split_heads, &q.h, &m);
         q.m0 = m * Br;
         q.rows = min(Br, blk.sq - q.m0);
         q.slot = (uint32_t)(it % QS);
@@ -512,14 +516,42 @@ struct fc_sm90_bwd_cta {
             }
         }
         __syncthreads();
-        fc_bwd_store_dkdv<T, Bc, CH, NTH>(p, b, hk, blk, tid, sK, sV, [](int r, int ch) {
+        // not split: y is the KV head
+        fc_bwd_store_dkdv<T, Bc, CH, NTH>(p, b, y, blk, tid, sK, sV, [](int r, int ch) {
             return fc_sw128_offset(Bc, r, ch);
         });
+    }
+
+    // ---- stage: epilogue of a CTA of the GQA split (kv_split > 1) ----
+    // Its dK (unscaled) and dV in fp32 straight from the fragments to part
+    // row y of dkv_accum (bwd_params.h); rows past the sequence's keys are left out.
+    __device__ __forceinline__ void epilogue_part(const fc_cuda_bwd_params &p,
+                                                  const float (&acc_dk)[DT][4],
+                                                  const float (&acc_dv)[DT][4]) const {
+        const fc_cuda_fwd_params &f = p.f;
+        const int64_t parts = (int64_t)(f.heads / f.kv_group) * p.kv_split;
+        const int64_t row0 = (f.cu_seqlens_k ? 0 : (int64_t)b * f.seqlen_k) + blk.k_tok0 + blk.j0;
+        const int64_t part = (int64_t)y * p.kv_rows + row0;
+        const int64_t v_off = parts * p.kv_rows * p.dkv_pitch;
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const int r = kr + 8 * hr;
+            if (r >= blk.kv_rows) continue;
+            float *dk = p.dkv_accum + (part + r) * p.dkv_pitch + c0 + 2 * t;
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+                *reinterpret_cast<float2 *>(dk + dt * 8) =
+                    make_float2(acc_dk[dt][2 * hr], acc_dk[dt][2 * hr + 1]);
+                *reinterpret_cast<float2 *>(dk + v_off + dt * 8) =
+                    make_float2(acc_dv[dt][2 * hr], acc_dv[dt][2 * hr + 1]);
+            }
+        }
     }
 };
 
 // ---- the kernel: the schedule ----
-// grid (ceil(max_seqlen_k / Bc), Hk, B), block kThreads, dynamic smem kSmemBytes.
+// grid (ceil(max_seqlen_k / Bc), Hk * kv_split, B), block kThreads, dynamic
+// smem kSmemBytes.
 template <int D, typename T, bool kCausal>
 __global__ void __launch_bounds__(fc_sm90_bwd_traits<D>::kThreads,
                                   fc_sm90_bwd_traits<D>::kCtasPerSm)
@@ -533,14 +565,16 @@ __global__ void __launch_bounds__(fc_sm90_bwd_traits<D>::kThreads,
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2;
     const int g = lane >> 2, t = lane & 3;
-    const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+    // the GQA split: grid row y walks query heads y * split_heads .. of KV head
+    // y / kv_split (y is the KV head without a split)
+    const int n_block = blockIdx.x, y = blockIdx.y, b = blockIdx.z;
 
-    // ---- this sequence, key block and the query blocks it walks ----
+    // ---- this sequence, key block and the query blocks (of its heads) it walks ----
     fc_bwd_block blk = {};
-    if (!blk.template init<Br, Bc, kCausal>(p, b, n_block)) return;
+    if (!blk.template init<Br, Bc, kCausal>(p, b, n_block, p.split_heads)) return;
     const int n_iters = blk.n_iters;
     const fc_mask<kCausal> mask(blk.sq, blk.sk, p.f.window_left, p.f.window_right);
-    C c(tid, g, t, n_block, hk, b, blk, mask, fc_smem);
+    C c(tid, g, t, n_block, y, b, blk, mask, fc_smem);
 
     c.load_kv(p);
     c.load_q(p, 0);  // with K, V: group 0
@@ -641,7 +675,10 @@ __global__ void __launch_bounds__(fc_sm90_bwd_traits<D>::kThreads,
     __syncthreads();  // the last dQ tile is complete; every wgmma is done with sK, sV
     c.retire_dq(p, dq);
     if (tid == 0) fc_bulk_wait_read<0>();
-    c.epilogue(p, acc_dk, acc_dv);
+    if (p.kv_split > 1)
+        c.epilogue_part(p, acc_dk, acc_dv);
+    else
+        c.epilogue(p, acc_dk, acc_dv);
 }
 
 // ---- the launcher of one instance (instantiated in inst/*.cu) ----
