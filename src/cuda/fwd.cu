@@ -201,14 +201,20 @@ static double fc_mean_keys(const fc_attn *a) {
 // 512-1k keys a row, as fast at ~1k (2k causal), 9-19% slower at 2k-8k, and
 // 2.4x as fast where packing applies (16 queries over 4k keys).
 // FLASHC_CUDA_SHORT_ROW=1 takes the short-work row wherever there is one (the
-// tests), =0 never, any other value is the rule.
-static bool fc_sm90ws_short(const fc_attn *a, int dim, int sms) {
+// tests), =0 never, any other value is the rule. *pack: the pack of the row
+// that runs (fc_sm90ws_pack), computed once here.
+static bool fc_sm90ws_short(const fc_attn *a, int dim, int sms, int *pack) {
+    const fc_ws_row row = fc_sm90ws_row(dim, false);
+    *pack = fc_sm90ws_pack(a, row.br, row.persistent, sms);
     if (!fc_sm90ws_has_short(dim)) return false;
-    const char *force = getenv("FLASHC_CUDA_SHORT_ROW");
-    if (force && strcmp(force, "1") == 0) return true;
-    if (force && strcmp(force, "0") == 0) return false;
     const fc_ws_row r = fc_sm90ws_row(dim, true);
-    return fc_sm90ws_pack(a, r.br, r.persistent, sms) > 1 || fc_mean_keys(a) <= 1280.0;
+    const int short_pack = fc_sm90ws_pack(a, r.br, r.persistent, sms);
+    const char *force = getenv("FLASHC_CUDA_SHORT_ROW");
+    bool take = short_pack > 1 || fc_mean_keys(a) <= 1280.0;
+    if (force && strcmp(force, "1") == 0) take = true;
+    if (force && strcmp(force, "0") == 0) take = false;
+    if (take) *pack = short_pack;
+    return take;
 }
 
 // A persistent instance (traits.h) gets the schedule's size (sm90ws/fwd_kernel.cuh
@@ -258,6 +264,7 @@ typedef struct {
     bool empty;  // nothing to compute (no batch, head or query row)
     int sms;     // the device's multiprocessors (a persistent grid's size)
     bool short_row; // sm90ws: the head dim's short-work row (fc_sm90ws_short)
+    int pack;       // sm90ws: GQA packing of that row, G or 1 (fc_sm90ws_pack)
 } fc_cuda_fwd_plan;
 
 // Why the sm90ws family cannot take a call the sm90 family can, or NULL; the
@@ -298,15 +305,18 @@ static flashc_status fc_cuda_fwd_check(const fc_attn *a, fc_cuda_fwd_plan *plan)
     plan->family = fc_cuda_family(dv, d8, fc_fwd_dim(FC_FAMILY_SM90, d8) != 0);
     plan->sms = dv.sms;
     plan->short_row = false;
+    plan->pack = 1;
     if (plan->family == FC_FAMILY_SM90) {
         const int dim = fc_fwd_dim(FC_FAMILY_SM90WS, d8);
-        const bool short_row = dim != 0 && fc_sm90ws_short(a, dim, dv.sms);
+        int pack = 1;
+        const bool short_row = dim != 0 && fc_sm90ws_short(a, dim, dv.sms, &pack);
         const char *why = fc_fwd_ws_refusal(a, dim, short_row);
         if (why) {
             FC_LOG("sm90ws family not used (%s): the sm90 family runs", why);
         } else {
             plan->family = FC_FAMILY_SM90WS;
             plan->short_row = short_row;
+            plan->pack = pack;
         }
     }
     plan->dim = fc_fwd_dim(plan->family, d8);
@@ -368,7 +378,7 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
         wp.short_row = plan.short_row;
         const fc_ws_row row = fc_sm90ws_row(plan.dim, plan.short_row);
         const int br = row.br;
-        wp.pack = fc_sm90ws_pack(a, br, row.persistent, plan.sms);
+        wp.pack = plan.pack;
         wp.pack_shift = __builtin_ctz((unsigned)wp.pack);  // a power of two
         const int kv_rows = fc_sm90ws_kv_box_rows(a, row.bc);
         if (!fc_cuda_tma_map(&wp.tma_q, packed.q, pk.dims[FC_PACK_Q], pk.dp, wp.pack,
