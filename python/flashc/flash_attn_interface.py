@@ -219,7 +219,7 @@ def _flash_attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Ten
     seed, offset = _rng(rng_state, dropout_p, q.device, k.shape[1])
     _bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, alibi_slopes,
          *_mask(dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap),
-         bool(deterministic), seed, offset)
+         bool(deterministic), seed, offset, None, None)
     b, sq, h, _ = q.shape
     softmax_d = torch.zeros((b, h, _round_up(sq, _SOFTMAX_D_PAD)), dtype=torch.float32,
                             device=q.device)
@@ -253,7 +253,7 @@ def _flash_attn_varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o
                 max_seqlen_q, max_seqlen_k, alibi_slopes,
                 *_mask(dropout_p, softmax_scale, causal, window_size_left, window_size_right,
                        softcap),
-                bool(deterministic), seed, offset)
+                bool(deterministic), seed, offset, None, None)
     total, h, _ = q.shape
     batch = cu_seqlens_q.numel() - 1
     softmax_d = torch.zeros((h, total + _SOFTMAX_D_PAD * batch), dtype=torch.float32,

@@ -266,12 +266,14 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
 # shapes as _fwd (dout like out); dq, dk, dv (like q, k, v) are written in place, and dsink (fp32 [H],
 # only with learnable_sink) when given
+# (learnable_sink and dsink have no defaults: torch 2.11 drops arguments equal to their defaults
+# before it bumps the versions of mutated ones, and a dropped dsink raised IndexError there)
 @_op("bwd", mutates_args=("dq", "dk", "dv", "dsink"))
 def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,
          dq: Tensor, dk: Tensor, dv: Tensor, alibi_slopes: Optional[Tensor], dropout_p: float,
          softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
          softcap: float, deterministic: bool, seed: int, offset: int,
-         learnable_sink: Optional[Tensor] = None, dsink: Optional[Tensor] = None) -> None:
+         learnable_sink: Optional[Tensor], dsink: Optional[Tensor]) -> None:
     if _no_work(q, k, v, True):
         return _no_grads(dq, dk, dv, dsink)
     args = _fill(_lib.BwdArgs, dout=dout, q=q, k=k, v=v, out=out, softmax_lse=softmax_lse,
@@ -290,7 +292,7 @@ def _varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                 max_seqlen_k: int, alibi_slopes: Optional[Tensor], dropout_p: float,
                 softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
                 softcap: float, deterministic: bool, seed: int, offset: int,
-                learnable_sink: Optional[Tensor] = None, dsink: Optional[Tensor] = None) -> None:
+                learnable_sink: Optional[Tensor], dsink: Optional[Tensor]) -> None:
     if _no_work(q, k, v, False):
         return _no_grads(dq, dk, dv, dsink)
     args = _fill(_lib.VarlenBwdArgs, dout=dout, q=q, k=k, v=v, out=out,

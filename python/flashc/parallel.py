@@ -414,7 +414,7 @@ def _ring_backward(dout, q, k, v, out, lse, seg_lens, opts, deterministic, comm)
                 dqp, dkp, dvp = torch.empty_like(qv), torch.empty_like(kp), torch.empty_like(vp)
                 interface._bwd(dout[:, p.q0:p.q0 + p.nq], qv, kp, vp, out[:, p.q0:p.q0 + p.nq],
                                _lse_rows(lse, p.q0, p.nq), dqp, dkp, dvp, None, 0.0, scale,
-                               False, p.left, p.right, softcap, deterministic, 0, 0)
+                               False, p.left, p.right, softcap, deterministic, 0, 0, None, None)
                 dq[:, p.q0:p.q0 + p.nq] += dqp.float()
                 parts.append((p, dkp, dvp))
         comm.add_grads(src, (kb, vb), parts)

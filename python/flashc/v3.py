@@ -441,7 +441,7 @@ def _v3_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_
     dk_u, dv_u = (dk, dv) if rows_k is None else (torch.empty_like(k_u), torch.empty_like(v_u))
     _fa2._varlen_bwd(dout_u, q_u, k_u, v_u, out_u, lse_u, dq_u, dk_u, dv_u, cu_q, cu_k,
                      int(max_seqlen_q), int(max_seqlen_k), None, *mask, bool(deterministic),
-                     0, 0)
+                     0, 0, None, None)
     if rows_q is not None:  # the gradients of rows not in use are 0
         dq.zero_().index_copy_(0, rows_q, dq_u)
     if rows_k is not None:

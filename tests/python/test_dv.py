@@ -193,7 +193,7 @@ def test_opcheck_fwd_bwd(dims, grad):
     assert out.shape == (2, 5, 4, dv)
     grads = tuple(torch.empty_like(t) for t in (q, k, v))
     opcheck("bwd", (rand(*out.shape, seed=5), q, k, v, out, lse) + grads + (None,) + MASK +
-            (True, 11, 0))
+            (True, 11, 0, None, None))
 
 
 @pytestmark_ops
@@ -209,7 +209,7 @@ def test_opcheck_varlen(dims):
     assert out.shape == (8, 4, dv)
     grads = tuple(torch.empty_like(t) for t in (q, k, v))
     opcheck("varlen_bwd", (rand(*out.shape, seed=5), q, k, v, out, lse) + grads +
-            (cq, ck, 5, 5, None) + MASK + (False, 11, 0))
+            (cq, ck, 5, 5, None) + MASK + (False, 11, 0, None, None))
     kp, vp = rand(6, 4, 2, d, seed=9), rand(6, 4, 2, dv, seed=10)
     table = torch.tensor([[5, 0], [1, 2], [3, 4]], dtype=torch.int32)
     opcheck("varlen_fwd", (q, kp, vp, cq, ck, 5, 8, table, None, None) + MASK + (False, 0, 0))

@@ -86,7 +86,7 @@ def test_opcheck_bwd(mask, shape):
     for deterministic in (False, True):
         grads = tuple(torch.empty_like(t) for t in (q, k, v))
         opcheck("bwd", (dout, q, k, v, out, lse) + grads + (None,) + MASKS[mask] +
-                (deterministic, 11, 0))
+                (deterministic, 11, 0, None, None))
 
 
 # ---- forward and backward, varlen ----
@@ -127,7 +127,7 @@ def test_opcheck_varlen_bwd(mask):
                                               None, *MASKS[mask], False, 11, 0)
     grads = tuple(torch.empty_like(t) for t in (q, k, v))
     opcheck("varlen_bwd", (rand(*out.shape, seed=5), q, k, v, out, lse) + grads +
-            (cu_q, cu_k, max_q, max_k, None) + MASKS[mask] + (False, 11, 0))
+            (cu_q, cu_k, max_q, max_k, None) + MASKS[mask] + (False, 11, 0, None, None))
 
 
 # ---- the KV cache ----
