@@ -32,6 +32,7 @@
 #include "mask.cuh"
 #include "ptx.cuh"
 #include "seqlens.cuh"
+#include "softmax.cuh"
 
 // ---- where the key rows of one sequence live ----
 struct fc_kv_rows {
@@ -245,7 +246,7 @@ __device__ __forceinline__ void fc_fwd_store_empty(const fc_cuda_fwd_params &p, 
                 make_uint4(0u, 0u, 0u, 0u);
     }
     if (p.lse) {
-        const float lse = p.sink ? p.sink[(int64_t)h * p.sink_s] : -INFINITY;
+        const float lse = fc_sink_of(p, h).s;
         for (int r = tid; r < seq.rows; r += NTH)
             p.lse[seq.lse_base + (int64_t)r * p.lse_s_seq] = lse;
     }

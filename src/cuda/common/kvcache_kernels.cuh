@@ -30,6 +30,7 @@
 #include "merge.cuh"
 #include "ptx.cuh"
 #include "../decode_params.h"
+#include "softmax.cuh"
 
 // ---- element conversions (round to nearest even, as src/internal.h) ----
 __device__ __forceinline__ float fc_elem_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -161,7 +162,7 @@ __global__ void __launch_bounds__(32 * FC_COMBINE_WARPS)
     const int R = (int)(row % p.rows);
     const int bh = (int)(row / p.rows), b = bh / p.kv_heads, hk = bh % p.kv_heads;
     const int G = p.f.kv_group, i = R / G, h = hk * G + R % G;
-    const float sink = p.f.sink ? p.f.sink[(int64_t)h * p.f.sink_s] : -INFINITY;
+    const float sink = fc_sink_of(p.f, h).s;
 
     constexpr int kPerLane = FC_COMBINE_MAX_SPLITS / 32;
     float w[kPerLane], mx = sink;

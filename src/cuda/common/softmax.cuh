@@ -47,30 +47,37 @@ __device__ __forceinline__ void fc_softmax_rescale(float (&o)[MT][DT][4], const 
         }
 }
 
-// A row's normaliser and lse with a learnable sink (flashc.h): `sum` is the
-// row's sum of 2^(x - m2) over its keys (m2 its max, x in log2 units), s2 the
-// sink in log2 units, which joins the denominator: sum 2^m2 + 2^s2. With
-// M = max(m2, s2), so that nothing overflows either way (src/cpu/fwd.c does
-// the same in double):
-//     lse2 = M + log2(sum 2^(m2 - M) + 2^(s2 - M)),   inv = rescale 2^(m2 - lse2)
-// and lse = lse2 ln2. A row that saw no key (sum = 0) gets inv = 0 and
-// lse = s2 ln2; a NaN sum gives NaN.
-__device__ __forceinline__ void fc_sink_normalise(float sum, float m2, float s2, float rescale,
-                                                  float ln2, float *inv, float *lse) {
-    if (sum == 0.0f) {
-        *inv = 0.0f;
-        *lse = s2 * ln2;
-        return;
-    }
-    const float top = fmaxf(m2, s2);
-    const float lse2 = top + log2f(sum * fc_exp2(m2 - top) + fc_exp2(s2 - top));
-    *inv = rescale * fc_exp2(m2 - lse2);
-    *lse = lse2 * ln2;
+// A query head's learnable sink (params.h): s in natural units, s2 = s log2(e);
+// both -inf without one.
+struct fc_row_sink {
+    float s, s2;
+};
+
+__device__ __forceinline__ fc_row_sink fc_sink_of(const fc_cuda_fwd_params &p, int h) {
+    if (!p.sink) return {-INFINITY, -INFINITY};
+    const float s = p.sink[(int64_t)h * p.sink_s];
+    return {s, s * p.log2e};
 }
 
-// Query head h's learnable sink in log2 units, -inf without one (params.h).
-__device__ __forceinline__ float fc_sink_log2(const fc_cuda_fwd_params &p, int h) {
-    return p.sink ? p.sink[(int64_t)h * p.sink_s] * p.log2e : -INFINITY;
+// A row's normaliser and lse with a learnable sink (flashc.h): `sum` is the
+// row's sum of 2^(x - m2) over its keys (m2 its max, x in log2 units); the
+// sink joins the denominator: sum 2^m2 + 2^s2. With M = max(m2, s2), so that
+// nothing overflows either way (src/cpu/fwd.c does the same in double):
+//     lse2 = M + log2(sum 2^(m2 - M) + 2^(s2 - M)),   inv = rescale 2^(m2 - lse2)
+// and lse = lse2 ln2. A row that saw no key (sum = 0) gets inv = 0 and
+// lse = the sink bit for bit (s, not s2 ln2); a NaN sum gives NaN.
+__device__ __forceinline__ void fc_sink_normalise(float sum, float m2, fc_row_sink sink,
+                                                  float rescale, float ln2, float *inv,
+                                                  float *lse) {
+    if (sum == 0.0f) {
+        *inv = 0.0f;
+        *lse = sink.s;
+        return;
+    }
+    const float top = fmaxf(m2, sink.s2);
+    const float lse2 = top + log2f(sum * fc_exp2(m2 - top) + fc_exp2(sink.s2 - top));
+    *inv = rescale * fc_exp2(m2 - lse2);
+    *lse = lse2 * ln2;
 }
 
 template <int MT>
@@ -133,15 +140,15 @@ struct fc_softmax {
 
     // After the last tile: the factor that normalises row (mt, hr) of O (times
     // `rescale`, the dropout 1/(1-p)), and its natural-log lse (score_scale,
-    // sl2: the natural and log2 units of x). sink2 is the row's learnable sink
-    // in log2 units, -inf without one (fc_sink_normalise). A row that saw no
+    // sl2: the natural and log2 units of x). sink is the row's learnable sink,
+    // -inf without one (fc_sink_normalise). A row that saw no
     // key gets 0 and lse -inf (the sink with one); a NaN sum gives NaN.
     __device__ __forceinline__ void finalize(int mt, int hr, float score_scale, float sl2,
-                                             float rescale, float sink2, float ln2, float *inv,
+                                             float rescale, fc_row_sink sink, float ln2, float *inv,
                                              float *lse) const {
         const float sum = fc_quad_sum(l[mt][hr]);
-        if (sink2 != -INFINITY) {
-            fc_sink_normalise(sum, m[mt][hr] * sl2, sink2, rescale, ln2, inv, lse);
+        if (sink.s2 != -INFINITY) {
+            fc_sink_normalise(sum, m[mt][hr] * sl2, sink, rescale, ln2, inv, lse);
             return;
         }
         const bool empty = sum == 0.0f;

@@ -371,10 +371,11 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
         }
         const int R = m0 + r, i = R / G, h = hk * G + R % G;
         // one split: the sink (if any) joins here, else in the combine kernel
-        const float sink2 = p.splits == 1 ? fc_sink_log2(p.f, h) : -INFINITY;
+        const fc_row_sink sink =
+            p.splits == 1 ? fc_sink_of(p.f, h) : fc_row_sink{-INFINITY, -INFINITY};
         float inv, lse;
-        if (sink2 != -INFINITY) {
-            fc_sink_normalise(l, mx * sl2, sink2, 1.0f, p.f.ln2, &inv, &lse);
+        if (sink.s2 != -INFINITY) {
+            fc_sink_normalise(l, mx * sl2, sink, 1.0f, p.f.ln2, &inv, &lse);
         } else {
             const bool empty = l == 0.0f;  // NaN (a NaN score) is not empty: NaN out, lse
             inv = empty ? 0.0f : 1.0f / l;

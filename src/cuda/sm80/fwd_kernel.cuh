@@ -253,13 +253,13 @@ __global__ void __launch_bounds__(fc_sm80_fwd_traits<D>::kThreads)
 
     // ---- epilogue: O / l through this warp's own Q rows to 16-byte stores ----
     __syncwarp();  // this warp's last ldmatrix of its Q rows is done
-    const float sink2 = fc_sink_log2(p, h);
+    const fc_row_sink sink = fc_sink_of(p, h);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
             float inv, lse;
-            sm.finalize(mt, hr, p.score_scale, p.score_scale_log2, p.dropout_rescale, sink2,
+            sm.finalize(mt, hr, p.score_scale, p.score_scale_log2, p.dropout_rescale, sink,
                         p.ln2, &inv, &lse);
             const int r = wrow + 16 * mt + 8 * hr + g;  // tile row
             const uint32_t dst = sQ + r * RB + t * 4;

@@ -213,11 +213,11 @@ __global__ void __launch_bounds__(fc_sm90_fwd_traits<D>::kThreads,
 
     // ---- epilogue: O / l through this warpgroup's Q rows to 16-byte stores ----
     // (every wgmma of this warpgroup, the only readers of these rows, is done)
-    const float sink2 = fc_sink_log2(p, h);
+    const fc_row_sink sink = fc_sink_of(p, h);
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
         float inv, lse;
-        sm.finalize(0, hr, p.score_scale, p.score_scale_log2, p.dropout_rescale, sink2,
+        sm.finalize(0, hr, p.score_scale, p.score_scale_log2, p.dropout_rescale, sink,
                         p.ln2, &inv, &lse);
         const int r = wg * 64 + (warp & 3) * 16 + 8 * hr + g;  // tile row
 #pragma unroll

@@ -177,7 +177,7 @@ __device__ __forceinline__ void fc_ws_store_empty(const fc_cuda_fwd_params &p, i
     if (p.lse)
         for (int r = tid; r < seq.rows; r += NTH)
             p.lse[seq.lse_base + fc_ws_row_offset(sh, r, p.lse_s_seq, p.lse_s_head)] =
-                p.sink ? p.sink[(int64_t)(hq + (r & ((1 << sh) - 1))) * p.sink_s] : -INFINITY;
+                fc_sink_of(p, hq + (r & ((1 << sh) - 1))).s;
 }
 
 // Grid and order: fc_ws_schedule; block kThreads, dynamic smem kSmemBytes.
@@ -477,7 +477,7 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D, kShort>::kThreads, 1)
             const int r = wg * 64 + (warp & 3) * 16 + 8 * hr + g;  // tile row
             float inv, lse;  // packed, row r is of query head h + r % G
             sm.finalize(0, hr, p.score_scale, p.score_scale_log2, p.dropout_rescale,
-                        fc_sink_log2(p, h + (r & ((1 << sh) - 1))), p.ln2, &inv, &lse);
+                        fc_sink_of(p, h + (r & ((1 << sh) - 1))), p.ln2, &inv, &lse);
 #pragma unroll
             for (int dt = 0; dt < DT; ++dt)
                 fc_st_shared_b32(sQ + fc_sw128_offset(Br, r, dt) + t * 4,
