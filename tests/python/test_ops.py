@@ -10,9 +10,11 @@ own checks, on CPU tensors.
 - torch.compile(fullgraph=True) of a loss through flash_attn_func, the packed functions,
   flash_attn_varlen_func and flashc.v3.flash_attn_func, and with dropout: the loss and
   every gradient against eager; the same through _FlashAttnFunc alone (torch < 2.4).
-- torch.export.export (strict and not) of a small module that calls flash_attn_func, with a
-  dynamic batch and sequence length: the graph calls flashc::fwd, the exported program's
-  output on other shapes and its parameters' gradients against eager.
+- torch.export.export (strict and not) of a small module that calls flash_attn_func,
+  flash_attn_qkvpacked_func, flashc.v3.flash_attn_func or FA3's private
+  _flash_attn_forward, with a dynamic batch and sequence length: the graph calls flashc::fwd
+  (flashc::v3_fwd for the private op), the exported program's output on other shapes and
+  its parameters' gradients against eager.
 
 Run:  FLASHC_LIBRARY=build/libflashc.so PYTHONPATH=python python3 -m pytest tests/python -q
 """
@@ -341,35 +343,42 @@ def test_autograd_function_path(case, monkeypatch):
 
 # ---- torch.export ----
 class Attention(torch.nn.Module):
-    """Self-attention of x (batch, seqlen, 32) by flash_attn_func (4 query heads, 2 KV heads)
-    or by flash_attn_qkvpacked_func (4 heads), head dim 8."""
+    """Self-attention of x (batch, seqlen, 32), head dim 8: flash_attn_func (4 query heads,
+    2 KV heads), flash_attn_qkvpacked_func (4 heads), or FA3's flashc.v3.flash_attn_func or
+    private _flash_attn_forward (4 query heads, 2 KV heads)."""
 
-    def __init__(self, packed):
+    def __init__(self, impl):
         super().__init__()
         torch.manual_seed(0)
-        self.packed = packed
-        self.qkv = torch.nn.Linear(32, 8 * (12 if packed else 8))
+        self.impl = impl
+        self.qkv = torch.nn.Linear(32, 8 * (12 if impl == "qkvpacked" else 8))
         self.proj = torch.nn.Linear(32, 32)
 
     def forward(self, x):
         b, s, _ = x.shape
-        if self.packed:
+        if self.impl == "qkvpacked":
             qkv = self.qkv(x).view(b, s, 3, 4, 8)
             out = flashc.flash_attn_qkvpacked_func(qkv, causal=True, window_size=(5, 0))
         else:
             q, k, v = self.qkv(x).view(b, s, 8, 8).split([4, 2, 2], dim=2)
-            out = flashc.flash_attn_func(q, k, v, causal=True, window_size=(5, 0))
+            if self.impl == "v3_private":  # FA3's private op, as Transformer Engine calls it
+                out = v3._flash_attn_forward(q, k, v, causal=True, window_size_left=5,
+                                             window_size_right=0)[0]
+            else:
+                fn = v3.flash_attn_func if self.impl == "v3" else flashc.flash_attn_func
+                out = fn(q, k, v, causal=True, window_size=(5, 0))
         return self.proj(out.reshape(b, s, 32))
 
 
 @pytest.mark.parametrize("strict", [False, True], ids=["nonstrict", "strict"])
-@pytest.mark.parametrize("packed", [False, True], ids=["func", "qkvpacked"])
-def test_export(strict, packed):
-    model = Attention(packed)
+@pytest.mark.parametrize("impl", ["func", "qkvpacked", "v3", "v3_private"])
+def test_export(strict, impl):
+    model = Attention(impl)
     dims = {0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("seqlen", max=1024)}
     program = torch.export.export(model, (rand(2, 9, 32, seed=30),), dynamic_shapes=(dims,),
                                   strict=strict)
-    assert "torch.ops.flashc.fwd.default" in program.graph_module.code
+    op = "v3_fwd" if impl == "v3_private" else "fwd"
+    assert "torch.ops.flashc.%s.default" % op in program.graph_module.code
     exported = program.module()
     x = rand(3, 14, 32, seed=31)
     out = exported(x)
