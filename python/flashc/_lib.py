@@ -1,8 +1,9 @@
 """flashc._lib : the one ctypes binding of libflashc.so (include/flashc.h).
 
 It holds the C structs as ctypes declarations, finds and loads the library, turns a
-torch tensor into a flashc_tensor description, and runs one entry point with the
-workspace it asks for, raising FlashcError with the library's message on failure.
+torch tensor into a flashc_tensor description, and runs one entry point (on CUDA with
+the workspace it asks for, allocated by torch; on the CPU with the library's own),
+raising FlashcError with the library's message on failure.
 It knows nothing of flash_attn's API (interface.py) and never touches torch's C++
 ABI: only data pointers, shapes and strides cross into C.
 
@@ -90,8 +91,8 @@ KvcacheArgs = _args_struct("KvcacheArgs", (
     "sink"))
 
 # the integer metadata tensors (int32 only)
-INT_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table", "cache_seqlens",
-            "cache_batch_idx", "cache_leftpad")
+INT_ARGS = frozenset(("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table",
+                      "cache_seqlens", "cache_batch_idx", "cache_leftpad"))
 
 # entry point -> its args struct (each has a *_workspace_size twin)
 ENTRY_POINTS = {"flashc_fwd": FwdArgs, "flashc_varlen_fwd": VarlenFwdArgs,
@@ -180,6 +181,9 @@ def _refusal(path, version, abi, allow_mismatch):
 
 
 lib = _load()
+# entry point -> (its function, its *_workspace_size), looked up once
+ENTRY_FUNCTIONS = {name: (getattr(lib, name), getattr(lib, name + "_workspace_size"))
+                   for name in ENTRY_POINTS}
 
 
 def version():
@@ -192,8 +196,14 @@ def describe(t, name):
     """The flashc_tensor view of torch tensor t (absent when t is None). Strides are
     passed as they are; the library checks them and names `name` when it rejects one."""
     d = Tensor()
-    if t is None:
-        return d
+    if t is not None:
+        describe_into(d, t, name)
+    return d
+
+
+def describe_into(d, t, name):
+    """Fill flashc_tensor d (a field of an args struct, written in place) with the view of
+    torch tensor t; as describe()."""
     # each attribute read once (t.device builds an object: 0.3 us), arrays filled by
     # slices: a decode call describes five or six tensors, and this was half of the
     # Python time of its work
@@ -217,33 +227,35 @@ def describe(t, name):
     d.shape[:n] = t.shape
     d.stride[:n] = t.stride()
     d.device = device
-    return d
 
 
 def params(device, **fields):
-    """flashc_params_default() with `fields` set; the CUDA stream is torch's current one."""
-    p = lib.flashc_params_default()
-    for k, v in fields.items():
-        setattr(p, k, v)
+    """flashc_params_default() (all zeros, include/flashc.h) with `fields` set; the CUDA
+    stream is torch's current one."""
+    p = Params(**fields)
     if device.type == "cuda":
         p.stream = torch.cuda.current_stream(device).cuda_stream
     return p
 
 
 def call(entry, args, p, device, rename=None):
-    """Run entry point `entry` with a workspace of the size it asks for, allocated by
-    torch on `device` and aligned to 256 bytes. `rename` maps the C argument names in
-    an error message to the caller's."""
-    fn = getattr(lib, entry)
-    size = ctypes.c_size_t(0)
-    status = getattr(lib, entry + "_workspace_size")(ctypes.byref(args), ctypes.byref(p),
-                                                     ctypes.byref(size))
-    ws, ptr = None, None
-    if status == OK and size.value:
-        ws = torch.empty(size.value + WORKSPACE_ALIGN, dtype=torch.uint8, device=device)
-        ptr = (ws.data_ptr() + WORKSPACE_ALIGN - 1) // WORKSPACE_ALIGN * WORKSPACE_ALIGN
+    """Run entry point `entry`. On CUDA with a workspace of the size it asks for,
+    allocated by torch on `device` (stream-ordered, where the library's own allocator,
+    cudaMalloc, would synchronise) and aligned to 256 bytes; on the CPU with workspace
+    NULL, the library's convenience path: it sizes and borrows the workspace itself,
+    one C call instead of two. `rename` maps the C argument names in an error message
+    to the caller's."""
+    fn, size_fn = ENTRY_FUNCTIONS[entry]
+    status, ptr, size = OK, None, 0
+    if device.type == "cuda":
+        nbytes = ctypes.c_size_t(0)
+        status = size_fn(ctypes.byref(args), ctypes.byref(p), ctypes.byref(nbytes))
+        size = nbytes.value
+        if status == OK and size:
+            ws = torch.empty(size + WORKSPACE_ALIGN, dtype=torch.uint8, device=device)
+            ptr = (ws.data_ptr() + WORKSPACE_ALIGN - 1) // WORKSPACE_ALIGN * WORKSPACE_ALIGN
     if status == OK:
-        status = fn(ctypes.byref(args), ctypes.byref(p), ptr, size.value)
+        status = fn(ctypes.byref(args), ctypes.byref(p), ptr, size)
     if status != OK:
         message = lib.flashc_last_error().decode()
         for c_name, py_name in (rename or {}).items():

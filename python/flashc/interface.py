@@ -88,8 +88,12 @@ def _fill(struct, **fields):
     absent as struct() made it (all zeros), which is what describe(None) gives."""
     a = struct()
     for name, value in fields.items():
-        if value is not None:
-            setattr(a, name, value if isinstance(value, int) else _lib.describe(value, name))
+        if value is None:
+            continue
+        if isinstance(value, int):
+            setattr(a, name, value)
+        else:
+            _lib.describe_into(getattr(a, name), value, name)
     return a
 
 
@@ -161,7 +165,7 @@ def _rank(fn, name, t, shapes):
 
 
 def _empty(shape, like, dtype=None):
-    return torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
+    return like.new_empty(shape, dtype=dtype or like.dtype)
 
 
 def _no_work(q, k, v, batched):

@@ -279,6 +279,15 @@ def test_versions():
     assert "unknown (before 0.3)" in lib._refusal("x.so", "0.2.0", None, True)
 
 
+
+def test_params_default():
+    """_lib.params builds flashc_params from zeros, which flashc.h promises
+    flashc_params_default() is: the library's defaults byte for byte."""
+    lib = flashc._lib
+    assert bytes(lib.lib.flashc_params_default()) == bytes(lib.Params())
+    p = lib.params(torch.device("cpu"), causal=1, window_left=3)
+    assert (p.causal, p.window_left, p.window_right, p.softmax_scale) == (1, 3, 0, 0.0)
+
 # ---- packed variants ----
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize("packing", ["qkv", "kv"])
