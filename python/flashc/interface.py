@@ -12,7 +12,11 @@ torch.library.custom_op (flashc::fwd, ::varlen_fwd, ::bwd, ::varlen_bwd,
 backward included (tests/python/test_ops.py runs torch.library.opcheck on each). The
 packed functions go through one torch.autograd.Function (_FlashAttnFunc) instead, to
 return one gradient for qkv (kv), except while torch.export traces them, as do all
-six on torch < 2.4.
+six on torch < 2.4. A forward call that none of that machinery would see (no input
+requires grad under grad mode, no compiling or tracing, no torch function or dispatch
+mode, no functorch transform, plain CPU or CUDA tensors: _direct) runs the op's Python
+function itself (_call), without torch's custom-op dispatch, which took about half of the
+time of a small decode call (bench/NOTES.md); the results are the op's, bit for bit.
 
 Where flashc differs from flash_attn on purpose:
 - head dims that are not a multiple of 8 are passed as they are: the library takes
@@ -48,6 +52,7 @@ backward's gradients are 0, and outputs with no elements are returned as they ar
 new keys to append, still goes to the library, which raises FlashcArgumentError
 (e.g. "k_cache.data is NULL").
 """
+import inspect
 import math
 import numbers
 from typing import Optional, Tuple
@@ -58,16 +63,72 @@ from . import _lib
 
 Tensor = torch.Tensor
 _CUSTOM_OP = hasattr(torch, "library") and hasattr(torch.library, "custom_op")
+_C = torch._C
+# what _direct asks torch; torch._C's functions are private: should one be missing from
+# some torch, every call runs through the op
+_DIRECT_CHECKS = _CUSTOM_OP and all(hasattr(m, f) for m, f in (
+    (torch.compiler, "is_compiling"), (_C, "_len_torch_dispatch_stack"),
+    (_C, "_is_torch_function_mode_enabled"), (_C, "_get_tracing_state"),
+    (getattr(_C, "_functorch", None), "peek_interpreter_stack"),
+    (torch.autograd.graph, "increment_version")))
 
 
 # ---- registration as torch.library custom ops (torch >= 2.4) ----
+# op -> (its Python function, the positions of the arguments it mutates), for _call
+_IMPLS = {}
+
+
 def _op(name, mutates_args=()):
     """fn as the custom op flashc::name when torch has custom_op, else fn itself."""
     def wrap(fn):
         if not _CUSTOM_OP:
             return fn
-        return torch.library.custom_op("flashc::" + name, fn, mutates_args=mutates_args)
+        op = torch.library.custom_op("flashc::" + name, fn, mutates_args=mutates_args)
+        if _DIRECT_CHECKS:
+            names = list(inspect.signature(fn).parameters)
+            _IMPLS[op] = (fn, tuple(names.index(a) for a in mutates_args))
+        return op
     return wrap
+
+
+def _direct(args):
+    """Whether a call of a forward op with `args` may run the op's Python function itself,
+    without torch's dispatcher: nothing would see the difference. It may when torch is
+    not compiling or tracing (torch.compile, torch.export's strict mode, torch.jit.trace),
+    no torch function or dispatch mode is active (FakeTensorMode, make_fx's proxy mode,
+    functionalization, FlopCounterMode, ...), no functorch transform (vmap, grad) is,
+    every tensor argument is a plain torch.Tensor (no subclass: FakeTensor,
+    FunctionalTensor, DTensor, nn.Parameter) on the CPU or a CUDA device (the op answers
+    meta tensors with its fake), and autograd records nothing (grad mode off, or no input
+    requires grad). Otherwise the registered op runs, which all of those need."""
+    if (torch.compiler.is_compiling() or _C._len_torch_dispatch_stack() or
+            _C._is_torch_function_mode_enabled() or _C._get_tracing_state() is not None or
+            _C._functorch.peek_interpreter_stack() is not None):
+        return False
+    grad = torch.is_grad_enabled()
+    for a in args:
+        if type(a) is Tensor:
+            if not (a.is_cpu or a.is_cuda) or (grad and a.requires_grad):
+                return False
+        elif a is not None and isinstance(a, Tensor):
+            return False
+    return True
+
+
+def _call(op, args):
+    """op(*args) for a forward op (flashc::fwd, ::varlen_fwd, ::fwd_kvcache): its Python
+    function itself where _direct allows, which skips torch's custom-op dispatch (about
+    half of a decode call of one head over 16 keys, bench/NOTES.md), else the op.
+    The direct call bumps the version counters of the arguments the op mutates, as the
+    op's ADInplaceOrView kernel does, so that autograd still notices a tensor it saved
+    being changed."""
+    impl = _IMPLS.get(op)
+    if impl is None or not _direct(args):
+        return op(*args)
+    fn, mutated = impl
+    for i in mutated:
+        torch.autograd.graph.increment_version(args[i])
+    return fn(*args)
 
 
 def _fake(op):
@@ -509,11 +570,11 @@ def _attention(packing, a, b, c, varlen, dropout_p, softmax_scale, causal, windo
             return_probs, learnable_sink)
     max_k = (a if packing == "qkv" else b).shape[1] if varlen is None else varlen[3]
     rng = _draw_rng(a.device, max_k) if dropout_p > 0 else (0, 0)
-    if not _CUSTOM_OP or (packing and not _exporting()):
+    if not _CUSTOM_OP or (packing and not _exporting() and not _direct((a, b, c))):
         return _FlashAttnFunc.apply(packing, a, b, c, varlen, rng, dropout_p, *rest)
     op, inputs = _forward_call(*_split(packing, a, b, c, 2 if varlen is None else 1), varlen,
                                rng, dropout_p, *rest)
-    return op(*inputs)
+    return _call(op, inputs)
 
 
 _BSHD = "(batch, seqlen, nheads, headdim)"
@@ -675,8 +736,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                        for t in (q, k, v, rotary_cos, rotary_sin))
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.tensor(cache_seqlens, dtype=torch.int32, device=k_cache.device)
-    out, lse = _fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                            cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
-                            softmax_scale, causal, window_left, window_right, softcap,
-                            rotary_interleaved, num_splits, learnable_sink)
+    out, lse = _call(_fwd_kvcache, (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                    cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                    alibi_slopes, softmax_scale, causal, window_left,
+                                    window_right, softcap, rotary_interleaved, num_splits,
+                                    learnable_sink))
     return (out, lse) if return_softmax_lse else out

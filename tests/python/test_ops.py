@@ -10,6 +10,11 @@ own checks, on CPU tensors.
 - torch.compile(fullgraph=True) of a loss through flash_attn_func, the packed functions,
   flash_attn_varlen_func and flashc.v3.flash_attn_func, and with dropout: the loss and
   every gradient against eager; the same through _FlashAttnFunc alone (torch < 2.4).
+- the direct call (interface._call runs a forward op's Python function without torch's
+  dispatcher): bit for bit the op's results (flash_attn_func, the packed and varlen
+  functions, flash_attn_with_kvcache appending to its caches), the caches' versions bumped,
+  and the op taken instead under autograd, torch.compile (no grad), dispatch and torch
+  function modes, a tensor subclass, fake and meta tensors.
 - torch.export.export (strict and not) of a small module that calls flash_attn_func,
   flash_attn_qkvpacked_func, flashc.v3.flash_attn_func or FA3's private
   _flash_attn_forward, with a dynamic batch and sequence length: the graph calls flashc::fwd
@@ -339,6 +344,194 @@ def test_autograd_function_path(case, monkeypatch):
     assert torch.equal(loss, loss_function)
     for g, gf in zip(grads, grads_function):
         assert torch.equal(g, gf)
+
+
+# ---- the direct call: a forward op's Python function without torch's dispatcher ----
+@pytest.fixture
+def direct_calls(monkeypatch):
+    """Counts, per op, the calls interface._call ran directly (not through the op)."""
+    assert interface._DIRECT_CHECKS and {interface._fwd, interface._varlen_fwd,
+                                         interface._fwd_kvcache} <= set(interface._IMPLS), \
+        "no direct call on this torch"
+    counts = {op: 0 for op in interface._IMPLS}
+    for op, (fn, mutated) in list(interface._IMPLS.items()):
+        def counted(*args, op=op, fn=fn):
+            counts[op] += 1
+            return fn(*args)
+        monkeypatch.setitem(interface._IMPLS, op, (counted, mutated))
+    return counts
+
+
+def kvcache_case(paged=False, sink=None):
+    """A KV-cache call that appends 2 rotated rows to each of 2 sequences and attends
+    causally: (a function of fresh caches returning out, lse and both caches, the caches)."""
+    b, h, hk, d = 2, 4, 2, 16
+    q, k_new, v_new = rand(b, 2, h, d, seed=40), rand(b, 2, hk, d, seed=41), \
+        rand(b, 2, hk, d, seed=42)
+    angle = rand(10, 4, seed=43)
+    cache_seqlens = torch.tensor([3, 6], dtype=torch.int32)
+    shape, table = ((5, 4, hk, d), torch.tensor([[4, 1], [0, 3]], dtype=torch.int32)) \
+        if paged else ((2, 10, hk, d), None)
+
+    def call(k_cache, v_cache):
+        out, lse = flashc.flash_attn_with_kvcache(
+            q, k_cache, v_cache, k_new, v_new, angle.cos(), angle.sin(), cache_seqlens,
+            block_table=table, causal=True, return_softmax_lse=True, learnable_sink=sink)
+        return out, lse, k_cache, v_cache
+    return call, lambda: (rand(*shape, seed=44), rand(*shape, seed=45))
+
+
+def func_case(fn, *inputs, **kw):
+    return lambda: fn(*inputs, return_attn_probs=True, **kw), lambda: ()
+
+
+# name -> (the op the call runs, (call, make): call(*make()) returns the tensors to compare)
+DIRECT = {
+    "func-decode": ("_fwd", func_case(flashc.flash_attn_func, rand(2, 1, 4, 16, seed=46),
+                                      rand(2, 9, 2, 16, seed=47), rand(2, 9, 2, 16, seed=48),
+                                      softcap=2.0)),
+    "func-causal-window-dropout": ("_fwd", func_case(flashc.flash_attn_func,
+                                                     *batched(BATCHED[0]), dropout_p=0.3,
+                                                     causal=True, window_size=(3, 0))),
+    "qkvpacked-alibi": ("_fwd", func_case(flashc.flash_attn_qkvpacked_func,
+                                          rand(2, 6, 3, 4, 16, seed=20),
+                                          alibi_slopes=rand(4, seed=49).abs())),
+    "varlen-causal": ("_varlen_fwd", func_case(flashc.flash_attn_varlen_func, *varlen()[:7],
+                                               causal=True)),
+    "varlen-sink": ("_varlen_fwd", func_case(flashc.flash_attn_varlen_func, *varlen()[:7],
+                                             learnable_sink=rand(4, seed=50))),
+    "kvcache-append-rotary": ("_fwd_kvcache", kvcache_case()),
+    "kvcache-paged-sink": ("_fwd_kvcache", kvcache_case(paged=True, sink=rand(4, seed=51))),
+}
+
+
+def run_direct(case, counts, monkeypatch, direct):
+    """DIRECT[case] called with interface._direct as it is (direct) or forced off; asserts
+    which path ran and that the caches' versions moved; returns the results."""
+    name, (call, make) = DIRECT[case]
+    op = getattr(interface, name)
+    before = counts[op]
+    inputs = make()
+    versions = [t._version for t in inputs]
+    with monkeypatch.context() as patch:
+        if not direct:
+            patch.setattr(interface, "_direct", lambda args: False)
+        torch.manual_seed(3)
+        got = call(*inputs)
+    assert counts[op] - before == int(direct)
+    assert all(t._version > v for t, v in zip(inputs, versions))  # the caches were updated
+    return got
+
+
+@pytest.mark.parametrize("case", DIRECT)
+def test_direct_bitwise(case, direct_calls, monkeypatch):
+    """Without autograd, tracing or modes the functions run the op's Python function
+    directly; its results (out, softmax_lse, probs; the caches updated in place) are the
+    op's, bit for bit."""
+    direct = run_direct(case, direct_calls, monkeypatch, True)
+    through_op = run_direct(case, direct_calls, monkeypatch, False)
+    assert len(direct) == len(through_op) >= 3
+    for d, o in zip(direct, through_op):
+        assert d.numel() and not d.isnan().any() and torch.equal(d, o)
+
+
+def test_direct_bumps_versions(direct_calls):
+    """A cache that autograd saved and the direct call then changes in place fails the
+    backward, as it does through the op (whose ADInplaceOrView kernel bumps the version)."""
+    call, make = DIRECT["kvcache-append-rotary"][1]
+    k_cache, v_cache = make()
+    w = torch.ones_like(k_cache, requires_grad=True)
+    loss = (w * k_cache).sum()  # saves k_cache for its backward
+    call(k_cache, v_cache)
+    assert direct_calls[interface._fwd_kvcache] == 1
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_direct_not_with_autograd(direct_calls):
+    """Inputs that require grad under grad mode go through the op and its registered
+    autograd (the gradients are checked against the reference in test_flashc.py); under
+    no_grad the same inputs run directly and the output requires no grad."""
+    q, k, v = batched(BATCHED[0], grad=True)
+    out = flashc.flash_attn_func(q, k, v, causal=True)
+    assert direct_calls[interface._fwd] == 0 and out.grad_fn is not None
+    out.sum().backward()
+    assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in (q, k, v))
+    with torch.no_grad():
+        again = flashc.flash_attn_func(q, k, v, causal=True)
+    assert direct_calls[interface._fwd] == 1 and not again.requires_grad
+    assert torch.equal(again, out.detach())
+
+
+def test_direct_not_under_modes(direct_calls):
+    """A dispatch mode, a torch function mode and a tensor subclass see flashc's ops; fake
+    and meta tensors get the ops' fake implementation (shapes only): none of them runs
+    directly."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+    seen = []
+
+    class DispatchRecord(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    class FunctionRecord(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    class Recorded(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    q, k, v = batched(BATCHED[0])
+    call, make = DIRECT["kvcache-append-rotary"][1]
+    for mode in (DispatchRecord, FunctionRecord):
+        with mode():
+            flashc.flash_attn_func(q, k, v)
+            call(*make())
+        assert seen.count("flashc.fwd.default") == seen.count("flashc.fwd_kvcache.default") \
+            == 1, (mode, seen)
+        seen.clear()
+    assert type(flashc.flash_attn_func(q.as_subclass(Recorded), k, v)) is Recorded
+    assert seen.count("flashc.fwd.default") == 1, seen
+    with FakeTensorMode():
+        fake = flashc.flash_attn_func(*(torch.empty(t.shape) for t in (q, k, v)))
+    meta = flashc.flash_attn_func(*(t.to("meta") for t in (q, k, v)))
+    assert fake.shape == meta.shape == q.shape and meta.is_meta
+    assert type(fake).__name__ == "FakeTensor"
+    assert not any(direct_calls.values())
+
+
+NO_GRAD = {
+    "func": lambda q, k, v: flashc.flash_attn_func(q, k, v, causal=True, window_size=(3, 0)),
+    "kvcache": lambda q, k, v: flashc.flash_attn_with_kvcache(q, k, v, causal=True),
+}
+
+
+@pytest.mark.parametrize("case", NO_GRAD)
+def test_compile_no_grad(case, direct_calls):
+    """torch.compile(fullgraph=True) of a call without autograd: the graph holds the
+    registered op (the direct call's ctypes would break the graph), nothing runs
+    directly, and the result is eager's bit for bit."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm.forward
+
+    q, k, v = batched(BATCHED[0])
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(NO_GRAD[case], fullgraph=True, backend=backend)(q, k, v)
+        assert not any(direct_calls.values())
+        want = NO_GRAD[case](q, k, v)
+    assert len(graphs) == 1 and "torch.ops.flashc." in graphs[0], graphs
+    assert torch.equal(got, want)
 
 
 # ---- torch.export ----
