@@ -26,10 +26,17 @@
  * while this one computes (they sit a head stride apart, beyond the reach of
  * the hardware prefetchers).
  *
- * bf16 on a path with bf16 dot products (AVX512_BF16): both GEMMs run on bf16
- * pairs (simd.h), twice the fp32 rate. Qi^T and Kj are the inputs as they are;
- * P is rounded to bf16 for P Vj, as FlashAttention-2 does on the GPU, while l
- * sums the fp32 P; the factor of the scores is applied to the fp32 product.
+ * Narrow tiles (decode, at most FC_FWD_ROW_NQ columns) on a path with the row
+ * ops (AVX-512) skip both GEMMs: Q K^T by dot products on K's rows, P V by
+ * adding V's rows scaled by P, each row read where it lies and widened in
+ * registers (no fp32 copy of Kj or Vj), for every dtype; P stays fp32 there,
+ * bf16's too.
+ *
+ * bf16 on a path with bf16 dot products (AVX512_BF16), other tiles: both GEMMs
+ * run on bf16 pairs (simd.h), twice the fp32 rate. Qi^T and Kj are the inputs
+ * as they are; P is rounded to bf16 for P Vj, as FlashAttention-2 does on the
+ * GPU, while l sums the fp32 P; the factor of the scores is applied to the fp32
+ * product.
  *
  * Masks (common/window.h, through fc_key_range and score_mod): blocks no row of
  * the tile sees are skipped; blocks every row sees
@@ -78,7 +85,6 @@ static const fc_fwd_tiles fc_fwd_tile_table[] = {
     {64, 128, 192},
     {INT64_MAX, 128, 128},
 };
-enum { FC_FWD_MAX_BC = 192 }; /* the largest Bc above (fc_fwd_scores' row pointers) */
 
 static fc_fwd_tiles fc_fwd_pick_tiles(int64_t D) {
     size_t n = sizeof fc_fwd_tile_table / sizeof fc_fwd_tile_table[0];
@@ -88,13 +94,15 @@ static fc_fwd_tiles fc_fwd_pick_tiles(int64_t D) {
 }
 
 /* Tiles of at most this many query columns (decode: G * Sq of a GQA group, or
- * the Sq rows of one head) compute Q K^T by rows (fc_fwd_scores) on the AVX-512
- * path, with the table's dot_rows: each K row read where it lies and widened in
+ * the Sq rows of one head) run by rows on a path whose table has dot_rows and
+ * axpy_rows (AVX-512), for every dtype, the bf16 dot-product path's too: Q K^T
+ * with dot_rows (fc_fwd_scores), each K row read where it lies and widened in
  * registers, one dot product per query column (1.3-1.46x gemm_nt's transposed
- * panels on fp16 decode, bench/NOTES.md). Not on AVX2: its gemm_nt transposes
- * 8 x 8 blocks, and with K streaming from memory (32 heads x 1k..4k keys, fp32)
- * that was 15-25% slower than gemm_nn's narrow columns, though 6-12% faster
- * from cache (bench/NOTES.md). */
+ * panels on fp16 decode), and P V with axpy_rows (fc_fwd_pv_rows), each V row
+ * read in place and added to the nq rows of Oi (bench/NOTES.md has both). Not
+ * on AVX2: its gemm_nt transposes 8 x 8 blocks, and with K streaming from
+ * memory (32 heads x 1k..4k keys, fp32) that was 15-25% slower than gemm_nn's
+ * narrow columns, though 6-12% faster from cache (bench/NOTES.md). */
 #define FC_FWD_ROW_NQ 8
 
 /* ---- workspace ---- */
@@ -112,6 +120,7 @@ enum {
     FC_FWD_ALPHA, /* (ldq)      exp2(m_old - m_new) of the last block */
     FC_FWD_LSE2,  /* (ldq)      m + log2 l, for attn_probs */
     FC_FWD_SR,    /* (FC_FWD_ROW_NQ, Bc) S of a narrow tile, queries down */
+    FC_FWD_ROWP,  /* (Bc) addresses of Kj's or Vj's rows for a narrow tile's row ops */
     FC_FWD_NBUF
 };
 
@@ -160,7 +169,7 @@ static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_pl
     p->ldq = (t.Br + 15) / 16 * 16;
     p->ldd = (int)((dmax + 15) / 16 * 16);
     p->dot = fc_fwd_use_dot(a, ops);
-    p->rows_nq = ops->level == FLASHC_SIMD_AVX512 ? FC_FWD_ROW_NQ : 0;
+    p->rows_nq = ops->dot_rows && ops->axpy_rows ? FC_FWD_ROW_NQ : 0;
     size_t f = sizeof(float), D = (size_t)a->head_dim;
     size_t pairs = (size_t)(t.Bc + 1) / 2;
     size_t sizes[FC_FWD_NBUF] = {
@@ -175,6 +184,7 @@ static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_pl
         [FC_FWD_ALPHA] = p->ldq * f,
         [FC_FWD_LSE2] = p->ldq * f,
         [FC_FWD_SR] = (size_t)FC_FWD_ROW_NQ * t.Bc * f,
+        [FC_FWD_ROWP] = (size_t)t.Bc * sizeof(const void *),
     };
     p->thread_bytes = fc_ws_layout(FC_FWD_NBUF, sizes, p->buf);
     p->nthreads = fc_fwd_work(a) < FC_FWD_INLINE_WORK ? 1 : fc_cpu_num_threads();
@@ -209,11 +219,12 @@ typedef struct fc_fwd_tile {
     int64_t i0;               /* first query row */
     int nq;                   /* columns in the tile: nh heads x nqh rows */
     int nh, nqh;              /* column c: row i0 + c % nqh of head h + c / nqh */
-    int rows;                 /* narrow: Q K^T by rows (fc_fwd_scores), Qi in qt as rows */
+    int rows;                 /* narrow: by rows (dot_rows, axpy_rows), Qi in qt as rows */
     int64_t diag0;            /* i0 + sk - sq: the diagonal of row i0 */
     int64_t jlo, jhi;         /* keys some row sees */
     int64_t jlo_all, jhi_all; /* keys every row sees */
     float *qt, *o, *st, *k, *v, *m, *l, *alpha, *lse2, *sr;
+    const void **rowp;
     uint32_t *p2; /* pairs */
 } fc_fwd_tile;
 
@@ -318,13 +329,30 @@ static void fc_fwd_edge_fill(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t 
     }
 }
 
+/* S^T of keys [j0, j0+nk) of a narrow tile (t->rows): S = Qi Kj^T with the keys
+ * across, then S^T (gemm_nn's S^T would fill nq of each vector's lanes), by the
+ * table's dot_rows on K's rows where they lie (a 16-bit cache widened in
+ * registers). */
+static void fc_fwd_scores_rows(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk) {
+    const fc_attn *a = x->a;
+    const fc_fwd_plan *p = x->plan;
+    for (int r = 0; r < nk; r++) t->rowp[r] = fc_fwd_kvrow(a, &a->k, t, j0 + r);
+    x->ops->dot_rows(a->dtype, nk, (int)a->head_dim, t->rowp, t->qt, (int)a->head_dim, t->nq,
+                     t->sr, p->Bc);
+    for (int r = 0; r < nk; r++)
+        for (int c = 0; c < t->nq; c++)
+            t->st[(size_t)r * p->ldq + c] = t->sr[(size_t)c * p->Bc + r];
+}
+
 /* S^T of keys [j0, j0+nk) with softcap and ALiBi applied, masked where
  * `edge` (some row of the tile does not see every key of the block). */
 static void fc_fwd_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk, int edge) {
     const fc_attn *a = x->a;
     const fc_fwd_plan *p = x->plan;
     int strip = edge && t->nh == 1 ? FC_FWD_STRIP : nk; /* the whole block at once */
-    if (p->dot) {
+    if (t->rows) {
+        fc_fwd_scores_rows(x, t, j0, nk);
+    } else if (p->dot) {
         /* bf16 rows are already pairs; an odd D gets a zero high half */
         int D = (int)a->head_dim;
         uint32_t *k2 = (uint32_t *)t->k;
@@ -342,23 +370,6 @@ static void fc_fwd_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
                                      qt2 + ca, p->ldq, t->st + (size_t)r0 * p->ldq + ca, p->ldq,
                                      x->qmul, 0);
         }
-    } else if (t->rows) {
-        /* S = Qi Kj^T with the keys across, then S^T: gemm_nn's S^T would fill nq of
-         * each vector's lanes. dot_rows reads K's rows where they are (a 16-bit cache
-         * widened in registers); else gemm_nt on fp32 rows, transposing Kj in
-         * registers. */
-        int ldk, D = (int)a->head_dim;
-        if (x->ops->dot_rows) {
-            const void *rows[FC_FWD_MAX_BC];
-            for (int r = 0; r < nk; r++) rows[r] = fc_fwd_kvrow(a, &a->k, t, j0 + r);
-            x->ops->dot_rows(a->dtype, nk, D, rows, t->qt, D, t->nq, t->sr, p->Bc);
-        } else {
-            const float *k = fc_fwd_rows(x, &a->k, D, t, j0, nk, t->k, &ldk);
-            x->ops->gemm_nt(t->nq, nk, D, t->qt, D, k, ldk, t->sr, p->Bc, 0);
-        }
-        for (int r = 0; r < nk; r++)
-            for (int c = 0; c < t->nq; c++)
-                t->st[(size_t)r * p->ldq + c] = t->sr[(size_t)c * p->Bc + r];
     } else {
         int ldk;
         const float *k = fc_fwd_rows(x, &a->k, (int)a->head_dim, t, j0, nk, t->k, &ldk);
@@ -456,6 +467,17 @@ static void fc_fwd_pv_dot(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
     }
 }
 
+/* Oi += P Vj of a narrow tile (t->rows) with the table's axpy_rows: each V row
+ * read where it lies (a 16-bit cache widened in registers, no fp32 copy) and
+ * added to the tile's nq rows of Oi, scaled by their P. No strips: nq is below
+ * FC_FWD_STRIP, and P is 0 where a key is masked. */
+static void fc_fwd_pv_rows(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk) {
+    const fc_attn *a = x->a;
+    for (int r = 0; r < nk; r++) t->rowp[r] = fc_fwd_kvrow(a, &a->v, t, j0 + r);
+    x->ops->axpy_rows(a->dtype, nk, (int)a->head_dim_v, t->rowp, t->st, x->plan->ldq, t->nq,
+                      t->o, x->plan->ldd);
+}
+
 /* Oi += P Vj; an edge block by strips of columns, over the keys they see. */
 static void fc_fwd_pv(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk, int edge,
                       const float *v, int ldv) {
@@ -512,7 +534,7 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
         t.nqh = (int)(t.sq - t.i0 < p->Br ? t.sq - t.i0 : p->Br);
     }
     t.nq = t.nh * t.nqh;
-    t.rows = !p->dot && t.nq <= p->rows_nq;
+    t.rows = t.nq <= p->rows_nq;
     t.diag0 = FC_WINDOW_DIAG(t.i0, t.sq, t.sk);
     /* visible ranges are non-decreasing in the row: the tile's rows see at most
      * [lo(first), hi(last)) and all see [lo(last), hi(first)) */
@@ -522,6 +544,7 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
     char *s = x->scratch + (size_t)thread * p->thread_bytes;
     t.qt = (float *)(s + p->buf[FC_FWD_QT]);
     t.sr = (float *)(s + p->buf[FC_FWD_SR]);
+    t.rowp = (const void **)(s + p->buf[FC_FWD_ROWP]);
     t.o = (float *)(s + p->buf[FC_FWD_O]);
     t.st = (float *)(s + p->buf[FC_FWD_ST]);
     t.k = (float *)(s + p->buf[FC_FWD_K]);
@@ -544,7 +567,15 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
         fc_fwd_prefetch(x, &a->v, Dv, &t, t.jlo, nk0);
     }
 
-    if (p->dot) {
+    if (t.rows) {
+        /* Qi as rows of D, scaled (dot_rows' q) */
+        for (int c = 0; c < t.nq; c++) {
+            int64_t off = fc_q_row(a, &a->q, t.b, fc_fwd_col_row(&t, c)) +
+                          fc_fwd_col_head(&t, c) * a->q.s_head;
+            ops->load(a->dtype, D, (const char *)a->q.ptr + off * (int64_t)es,
+                      t.qt + (size_t)c * D, x->qmul);
+        }
+    } else if (p->dot) {
         /* Qi^T in pairs, unscaled (the GEMM applies qmul) */
         uint32_t *qt2 = (uint32_t *)t.qt;
         for (int c = 0; c < t.nq; c++) {
@@ -553,14 +584,6 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
                                 fc_fwd_col_head(&t, c) * a->q.s_head;
             for (int d = 0; d < D; d += 2)
                 qt2[(size_t)(d / 2) * ldq + c] = q[d] | (d + 1 < D ? (uint32_t)q[d + 1] << 16 : 0u);
-        }
-    } else if (t.rows) {
-        /* Qi as rows of D, scaled (gemm_nt's A) */
-        for (int c = 0; c < t.nq; c++) {
-            int64_t off = fc_q_row(a, &a->q, t.b, fc_fwd_col_row(&t, c)) +
-                          fc_fwd_col_head(&t, c) * a->q.s_head;
-            ops->load(a->dtype, D, (const char *)a->q.ptr + off * (int64_t)es,
-                      t.qt + (size_t)c * D, x->qmul);
         }
     } else {
         /* Qi^T, scaled: rows go through Oi */
@@ -595,7 +618,9 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
                                   (uint32_t)(t.b * a->heads + t.h + g), (uint32_t)t.i0, j0,
                                   x->sc.drop_threshold, x->sc.drop_scale);
         if (nk1 > 0) fc_fwd_prefetch(x, &a->v, Dv, &t, j1, nk1);
-        if (p->dot)
+        if (t.rows)
+            fc_fwd_pv_rows(x, &t, j0, nk);
+        else if (p->dot)
             fc_fwd_pv_dot(x, &t, j0, nk, edge);
         else {
             int ldv;

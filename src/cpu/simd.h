@@ -95,6 +95,14 @@ typedef struct fc_simd_ops {
      * fp32 in registers, so a 16-bit cache needs no fp32 copy and no transpose. */
     void (*dot_rows)(flashc_dtype dt, int nk, int D, const void *const *krows, const float *q,
                      int ldq, int nq, float *s, int lds);
+
+    /* ---- decode's P V (optional; NULL where the path has none) ----
+     * o[c * ldo + d] += sum_r p[r * ldp + c] * v_r[d] for d < Dv, c < nq (1..8): the
+     * rows v_r = vrows[r] (r < nv) of Dv elements of dtype dt (fp32, fp16 or bf16),
+     * widened to fp32 in registers (dot_rows' twin: P^T as softmax_cols leaves it,
+     * keys down, against V's rows where they lie). */
+    void (*axpy_rows)(flashc_dtype dt, int nv, int Dv, const void *const *vrows, const float *p,
+                      int ldp, int nq, float *o, int ldo);
 } fc_simd_ops;
 
 /* The active table (never NULL). */

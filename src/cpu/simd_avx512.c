@@ -24,6 +24,12 @@
  * (query, group of 8 keys) per lane, with 32 x 32 -> 64-bit products from
  * vpmuludq on the even and odd lanes.
  *
+ * Decode's row ops (narrow tiles of at most 8 query columns, fwd.c): dot_rows
+ * takes one dot product per (K row, query column), axpy_rows adds each V row,
+ * scaled by its P, to the columns' rows of O with NQ x W accumulators in
+ * registers. Both read the rows where they lie, fp16 widened by vcvtph2ps and
+ * bf16 by a shift, so a 16-bit cache is never copied to fp32.
+ *
  * Not here: attention itself (src/cpu/fwd.c and bwd.c own the algorithm).
  */
 #include <immintrin.h>
@@ -604,6 +610,21 @@ static inline __m512 fc_widen16(flashc_dtype dt, const void *p, int d, __mmask16
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* F(NQ, ...) with the column count nq (1..8, simd.h) as a constant: the row ops'
+ * kernels are unrolled over their NQ columns. */
+#define FC_SWITCH_NQ(nq, F, ...)                                                                   \
+    switch (nq) {                                                                                  \
+    case 1: F(1, __VA_ARGS__); break;                                                              \
+    case 2: F(2, __VA_ARGS__); break;                                                              \
+    case 3: F(3, __VA_ARGS__); break;                                                              \
+    case 4: F(4, __VA_ARGS__); break;                                                              \
+    case 5: F(5, __VA_ARGS__); break;                                                              \
+    case 6: F(6, __VA_ARGS__); break;                                                              \
+    case 7: F(7, __VA_ARGS__); break;                                                              \
+    case 8: F(8, __VA_ARGS__); break;                                                              \
+    default: break;                                                                                \
+    }
+
 static inline __attribute__((always_inline)) void
 fc_dot_rows_nq(const int NQ, flashc_dtype dt, int nk, int D, const void *const *krows,
                const float *q, int ldq, float *s, int lds) {
@@ -633,14 +654,67 @@ fc_dot_rows_nq(const int NQ, flashc_dtype dt, int nk, int D, const void *const *
 
 static void fc_avx512_dot_rows(flashc_dtype dt, int nk, int D, const void *const *krows,
                                const float *q, int ldq, int nq, float *s, int lds) {
-    switch (nq) {
-#define FC_DOT_CASE_(N) \
-    case N: fc_dot_rows_nq(N, dt, nk, D, krows, q, ldq, s, lds); break;
-    FC_DOT_CASE_(1) FC_DOT_CASE_(2) FC_DOT_CASE_(3) FC_DOT_CASE_(4)
-    FC_DOT_CASE_(5) FC_DOT_CASE_(6) FC_DOT_CASE_(7) FC_DOT_CASE_(8)
-#undef FC_DOT_CASE_
-    default: break; /* nq is 1..8 (simd.h) */
+    FC_SWITCH_NQ(nq, fc_dot_rows_nq, dt, nk, D, krows, q, ldq, s, lds)
+}
+
+/* ---- decode's P V: at most 8 columns of P against rows of V ---- */
+/* One pass over the nv rows for elements [d, d + 16 W) of the NQ output rows:
+ * NQ x W accumulators stay in registers while each V row's W vectors are widened
+ * and scaled by the NQ probabilities of that key. The last vector covers the lanes
+ * of `last` only (the Dv % 16 tail). */
+static inline __attribute__((always_inline)) void
+fc_axpy_pass(const int NQ, const int W, flashc_dtype dt, int nv, const void *const *vrows,
+             int d, __mmask16 last, const float *p, int ldp, float *o, int ldo) {
+    __m512 acc[8][16];
+#pragma GCC unroll 8
+    for (int c = 0; c < NQ; c++)
+#pragma GCC unroll 16
+        for (int w = 0; w < W; w++)
+            acc[c][w] = _mm512_maskz_loadu_ps(w == W - 1 ? last : (__mmask16)0xffff,
+                                              o + (size_t)c * ldo + d + 16 * w);
+    for (int r = 0; r < nv; r++) {
+        __m512 pr[8];
+#pragma GCC unroll 8
+        for (int c = 0; c < NQ; c++) pr[c] = _mm512_set1_ps(p[(size_t)r * ldp + c]);
+#pragma GCC unroll 16
+        for (int w = 0; w < W; w++) {
+            __m512 v = fc_widen16(dt, vrows[r], d + 16 * w, w == W - 1 ? last : (__mmask16)0xffff);
+#pragma GCC unroll 8
+            for (int c = 0; c < NQ; c++) acc[c][w] = _mm512_fmadd_ps(pr[c], v, acc[c][w]);
+        }
     }
+#pragma GCC unroll 8
+    for (int c = 0; c < NQ; c++)
+#pragma GCC unroll 16
+        for (int w = 0; w < W; w++)
+            _mm512_mask_storeu_ps(o + (size_t)c * ldo + d + 16 * w,
+                                  w == W - 1 ? last : (__mmask16)0xffff, acc[c][w]);
+}
+
+/* Dv in passes of W vectors, W a power of two: as many passes of the widest W
+ * as fit, then at most one of each narrower W (so 8 vectors, Dv = 128, are one
+ * pass at NQ = 1). The widest W keeps NQ x W <= 16 accumulators (with the NQ
+ * broadcasts and one widened vector, inside the 32 zmm registers). Only the
+ * vector that ends Dv is masked. */
+static inline __attribute__((always_inline)) void
+fc_axpy_rows_nq(const int NQ, flashc_dtype dt, int nv, int Dv, const void *const *vrows,
+                const float *p, int ldp, float *o, int ldo) {
+    const int Wmax = 16 / NQ;
+    const int nvec = (Dv + 15) / 16;
+    const __mmask16 tail = fc_mask(Dv - 16 * (nvec - 1));
+    int v = 0;
+#define FC_AXPY_STEP_(W)                                                                           \
+    if ((W) <= Wmax)                                                                               \
+        for (; nvec - v >= (W); v += (W))                                                          \
+            fc_axpy_pass(NQ, (W), dt, nv, vrows, 16 * v,                                           \
+                         v + (W) == nvec ? tail : (__mmask16)0xffff, p, ldp, o, ldo);
+    FC_AXPY_STEP_(16) FC_AXPY_STEP_(8) FC_AXPY_STEP_(4) FC_AXPY_STEP_(2) FC_AXPY_STEP_(1)
+#undef FC_AXPY_STEP_
+}
+
+static void fc_avx512_axpy_rows(flashc_dtype dt, int nv, int Dv, const void *const *vrows,
+                                const float *p, int ldp, int nq, float *o, int ldo) {
+    FC_SWITCH_NQ(nq, fc_axpy_rows_nq, dt, nv, Dv, vrows, p, ldp, o, ldo)
 }
 
 const fc_simd_ops fc_simd_avx512_ops = {
@@ -648,5 +722,5 @@ const fc_simd_ops fc_simd_avx512_ops = {
     fc_avx512_exp2_sum,    fc_avx512_max,          fc_avx512_scale,        fc_avx512_load,
     fc_avx512_store,       fc_avx512_score_mod,    fc_avx512_softmax_cols, fc_avx512_dropout_cols,
     FLASHC_CPU_AVX512BF16, fc_avx512_gemm_bf16_nn, fc_avx512_gemm_bf16_tn, fc_avx512_gemm_bf16_nt,
-    fc_avx512_pack_pairs,  fc_avx512_dot_rows,
+    fc_avx512_pack_pairs,  fc_avx512_dot_rows,     fc_avx512_axpy_rows,
 };
