@@ -29,8 +29,8 @@
  * Narrow tiles (decode, at most FC_FWD_ROW_NQ columns) on a path with the row
  * ops (AVX-512) skip both GEMMs: Q K^T by dot products on K's rows, P V by
  * adding V's rows scaled by P, each row read where it lies and widened in
- * registers (no fp32 copy of Kj or Vj), for every dtype; P stays fp32 there,
- * bf16's too.
+ * registers (no fp32 copy of Kj or Vj), for every dtype (bf16 with bf16 dot
+ * products up to FC_FWD_ROW_NQ_DOT columns); P stays fp32 there, bf16's too.
  *
  * bf16 on a path with bf16 dot products (AVX512_BF16), other tiles: both GEMMs
  * run on bf16 pairs (simd.h), twice the fp32 rate. Qi^T and Kj are the inputs
@@ -95,15 +95,20 @@ static fc_fwd_tiles fc_fwd_pick_tiles(int64_t D) {
 
 /* Tiles of at most this many query columns (decode: G * Sq of a GQA group, or
  * the Sq rows of one head) run by rows on a path whose table has dot_rows and
- * axpy_rows (AVX-512), for every dtype, the bf16 dot-product path's too: Q K^T
- * with dot_rows (fc_fwd_scores), each K row read where it lies and widened in
- * registers, one dot product per query column (1.3-1.46x gemm_nt's transposed
- * panels on fp16 decode), and P V with axpy_rows (fc_fwd_pv_rows), each V row
- * read in place and added to the nq rows of Oi (bench/NOTES.md has both). Not
- * on AVX2: its gemm_nt transposes 8 x 8 blocks, and with K streaming from
- * memory (32 heads x 1k..4k keys, fp32) that was 15-25% slower than gemm_nn's
- * narrow columns, though 6-12% faster from cache (bench/NOTES.md). */
+ * axpy_rows (AVX-512), in every dtype: Q K^T with dot_rows (fc_fwd_scores), each
+ * K row read where it lies and widened in registers, one dot product per query
+ * column (1.3-1.46x gemm_nt's transposed panels on fp16 decode), and P V with
+ * axpy_rows (fc_fwd_pv_rows), each V row read in place and added to the nq rows
+ * of Oi (bench/NOTES.md has both). Not on AVX2: its gemm_nt transposes 8 x 8
+ * blocks, and with K streaming from memory (32 heads x 1k..4k keys, fp32) that
+ * was 15-25% slower than gemm_nn's narrow columns, though 6-12% faster from
+ * cache (bench/NOTES.md). */
 #define FC_FWD_ROW_NQ 8
+/* The bound for bf16 on the bf16 dot-product path (AVX512_BF16), whose GEMMs run
+ * at twice the fp32 rate: there the row path won at 1, 2 and 4 columns (1.7x,
+ * 1.45x, 1.1-1.7x) and lost at 6 and 8 (0.85x, 0.8x); MHA or GQA, 32 query
+ * heads, 4k keys, 1 thread (bench/NOTES.md). */
+#define FC_FWD_ROW_NQ_DOT 4
 
 /* ---- workspace ---- */
 /* One thread's scratch, fp32 unless said (pairs: uint32 bf16 pairs, see
@@ -169,7 +174,7 @@ static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_pl
     p->ldq = (t.Br + 15) / 16 * 16;
     p->ldd = (int)((dmax + 15) / 16 * 16);
     p->dot = fc_fwd_use_dot(a, ops);
-    p->rows_nq = ops->dot_rows && ops->axpy_rows ? FC_FWD_ROW_NQ : 0;
+    p->rows_nq = !ops->dot_rows || !ops->axpy_rows ? 0 : p->dot ? FC_FWD_ROW_NQ_DOT : FC_FWD_ROW_NQ;
     size_t f = sizeof(float), D = (size_t)a->head_dim;
     size_t pairs = (size_t)(t.Bc + 1) / 2;
     size_t sizes[FC_FWD_NBUF] = {
