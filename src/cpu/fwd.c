@@ -24,7 +24,7 @@
  * place; other dtypes and layouts are converted to fp32 rows once per block, a
  * cost the Br rows of the tile share. The next block's rows are prefetched
  * while this one computes (they sit a head stride apart, beyond the reach of
- * the hardware prefetchers).
+ * the hardware prefetchers), except in narrow tiles whose rows lie end to end.
  *
  * Narrow tiles (decode, at most FC_FWD_ROW_NQ columns) on a path with the row
  * ops (AVX-512) skip both GEMMs: Q K^T by dot products on K's rows, P V by
@@ -277,10 +277,14 @@ static void fc_fwd_prefetch_row(const char *p, size_t bytes) {
 /* Start moving rows [j0, j0+nk) of operand v towards the cache: the rows of a
  * block sit a head stride apart, often a page each, out of reach of the
  * hardware prefetchers, and the loads of the next block would otherwise wait
- * on memory while the micro-kernels idle. */
+ * on memory while the micro-kernels idle. Not for a narrow tile (the row path)
+ * whose rows lie end to end (s_seq = dim, not paged: ggml's [B][Hk][N][D]): the
+ * hardware prefetchers stream those, and a block's lines issued at once only
+ * wait for fill buffers ahead of the row ops (bench/NOTES.md, issue 22). */
 static void fc_fwd_prefetch(const fc_fwd_ctx *x, const fc_view *v, int64_t dim, const fc_fwd_tile *t,
                             int64_t j0, int nk) {
     const fc_attn *a = x->a;
+    if (t->rows && v->s_seq == dim && !a->block_table) return;
     size_t es = flashc_dtype_size(a->dtype);
     for (int r = 0; r < nk; r++)
         fc_fwd_prefetch_row(fc_fwd_kvrow(a, v, t, j0 + r), (size_t)dim * es);
