@@ -4,11 +4,12 @@
  * The same algorithms as simd_avx512.c at half the width and with half the
  * registers: the GEMM micro-kernel keeps a 6 x 16 tile of C in 12 ymm
  * accumulators (each inner step: 2 loads of B, 6 broadcasts of A, 12 FMAs),
- * gemm_nt transposes a 128 x 16 panel of B^T onto the stack with 8 x 8
- * in-register transposes, dropout runs Philox on 8 lanes. Column tails use
- * vmaskmovps loads and a bounce buffer for stores (masked stores are slow on
- * AMD parts); 16-bit tails are converted one element at a time. No bf16 dot
- * products (AVX2 has none).
+ * B comes from a 128 x 16 panel packed on the stack (gemm_nn, gemm_tn: a copy
+ * zero past the last column; gemm_nt: 8 x 8 in-register transposes), so the
+ * inner loop has no masked load; dropout runs Philox on 8 lanes. Column tails
+ * of C use vmaskmovps loads and a bounce buffer for stores (masked stores are
+ * slow on AMD parts); 16-bit tails are converted one element at a time. No
+ * bf16 dot products (AVX2 has none).
  *
  * exp2: as in simd_avx512.c, with 2^n built in the exponent field; inputs
  * below -127 give 0 (2^n with n = -127 has an all-zero pattern), so results
@@ -83,7 +84,10 @@ static inline void fc_store_n(float *p, __m256 v, int n) {
 enum { FC_MR = 6, FC_NV = 2, FC_NR = 8 * FC_NV, FC_KC = 128 };
 
 /* C[R][8 NV] = (acc ? C : 0) + sum_k A(r, k) B[k][.], A(r, k) = A[r*ars + k*aks];
- * the last of the NV vectors covers nl lanes (mask ml). */
+ * the last of the NV vectors of C covers nl lanes (mask ml). B is read by
+ * whole vectors: a full panel in place, or a packed one (fc_pack_b,
+ * fc_pack_bt) zero past the last column, so no masked load enters the loop
+ * over k. */
 static inline __attribute__((always_inline)) void
 fc_ukr(const int R, const int NV, int K, const float *A, ptrdiff_t ars, ptrdiff_t aks,
        const float *B, ptrdiff_t ldb, float *C, ptrdiff_t ldc, int acc, __m256i ml, int nl) {
@@ -98,8 +102,7 @@ fc_ukr(const int R, const int NV, int K, const float *A, ptrdiff_t ars, ptrdiff_
     for (int k = 0; k < K; k++) {
         __m256 b[FC_NV];
 #pragma GCC unroll 2
-        for (int v = 0; v < NV; v++)
-            b[v] = v == NV - 1 ? _mm256_maskload_ps(B + 8 * v, ml) : _mm256_loadu_ps(B + 8 * v);
+        for (int v = 0; v < NV; v++) b[v] = _mm256_loadu_ps(B + 8 * v);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             __m256 a = _mm256_broadcast_ss(A + r * ars);
@@ -147,20 +150,65 @@ static void fc_tile_t(int R, int nv, int K, const float *A, ptrdiff_t lda, const
     FC_UKR_R(1, lda)
 }
 
-/* C[M][N] (+)= op(A) B over micro-tiles, column panels of B outside. */
+/* bp[k][j] = B[k][j] for j < n (<= FC_NR), k < kc (<= FC_KC); lanes j in
+ * [n, 8 nv) are 0. Packing buys whole-vector loads of B (a vmaskmovps per step
+ * held the kernel at 92-98 GFLOP/s on Zen4, whole loads 105-112 of the 117
+ * FMA ceiling; bench/simd_gemm.c, bench/NOTES.md) and a contiguous panel: in
+ * place, 16 columns at a power-of-two ldb (the tiles' 128) fall in 8 of L1's
+ * 64 sets, and a 128-row panel does not fit them (gemm_tn at Bc x 128 x 64:
+ * ~100 GFLOP/s in place, ~107 packed). */
+static void fc_pack_b(int n, int kc, const float *B, int ldb, float *bp) {
+    if (n == FC_NR) {
+        for (int k = 0; k < kc; k++) {
+            const float *b = B + (size_t)k * ldb;
+            _mm256_store_ps(bp + (size_t)k * FC_NR, _mm256_loadu_ps(b));
+            _mm256_store_ps(bp + (size_t)k * FC_NR + 8, _mm256_loadu_ps(b + 8));
+        }
+        return;
+    }
+    __m256i m0 = fc_mask(n < 8 ? n : 8), m1 = fc_mask(n > 8 ? n - 8 : 0);
+    for (int k = 0; k < kc; k++) {
+        const float *b = B + (size_t)k * ldb;
+        _mm256_store_ps(bp + (size_t)k * FC_NR, _mm256_maskload_ps(b, m0));
+        _mm256_store_ps(bp + (size_t)k * FC_NR + 8, _mm256_maskload_ps(b + 8, m1));
+    }
+}
+
+/* C[M][N] (+)= op(A) B over micro-tiles, column panels of B outside, each
+ * packed by blocks of FC_KC rows (fc_pack_b) and reused down the M rows. A
+ * full panel used by at most FC_IN_PLACE_ROWS rows of C is read in place:
+ * there the copy costs as much as the FMAs (bench/simd_gemm.c: decode's P V,
+ * 1 query row, 34 -> 18 GFLOP/s packed). A narrow last panel is always packed,
+ * so B's loads are never masked. */
+enum { FC_IN_PLACE_ROWS = 2 * FC_MR };
 static void fc_gemm(int at, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                     float *C, int ldc, int acc) {
+    float bp[FC_KC * FC_NR] __attribute__((aligned(32))); /* B panel, 8 KB */
     for (int n0 = 0; n0 < N; n0 += FC_NR) {
         int n = N - n0 < FC_NR ? N - n0 : FC_NR;
         int nv = (n + 7) / 8, nl = n - 8 * (nv - 1);
         __m256i ml = fc_mask(nl);
-        for (int m0 = 0; m0 < M; m0 += FC_MR) {
-            int R = M - m0 < FC_MR ? M - m0 : FC_MR;
-            float *c = C + (size_t)m0 * ldc + n0;
-            if (at)
-                fc_tile_t(R, nv, K, A + m0, lda, B + n0, ldb, c, ldc, acc, ml, nl);
-            else
-                fc_tile_n(R, nv, K, A + (size_t)m0 * lda, lda, B + n0, ldb, c, ldc, acc, ml, nl);
+        int in_place = n == FC_NR && M <= FC_IN_PLACE_ROWS;
+        for (int k0 = 0; k0 < K || k0 == 0; k0 += FC_KC) {
+            int kc = K - k0 < FC_KC ? K - k0 : FC_KC;
+            const float *b = B + (size_t)k0 * ldb + n0;
+            ptrdiff_t ldp = ldb;
+            if (!in_place) {
+                fc_pack_b(n, kc, b, ldb, bp);
+                b = bp;
+                ldp = FC_NR;
+            }
+            for (int m0 = 0; m0 < M; m0 += FC_MR) {
+                int R = M - m0 < FC_MR ? M - m0 : FC_MR;
+                float *c = C + (size_t)m0 * ldc + n0;
+                int ac = acc || k0 > 0;
+                if (at)
+                    fc_tile_t(R, nv, kc, A + (size_t)k0 * lda + m0, lda, b, ldp, c, ldc, ac, ml,
+                              nl);
+                else
+                    fc_tile_n(R, nv, kc, A + (size_t)m0 * lda + k0, lda, b, ldp, c, ldc, ac, ml,
+                              nl);
+            }
         }
     }
 }
