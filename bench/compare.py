@@ -29,7 +29,8 @@ autograd backward of one forward graph, retain_graph), --mode fwdbwd the
 forward and the backward together; FLOPs are 2.5x and 3.5x the forward's
 (flash-attention's convention). Backends: flashc, flashc-det (deterministic =
 1, to show its cost), sdpa-flash, sdpa-cudnn; max_err is the largest of dq, dk,
-dv against sdpa-flash's gradients.
+dv against sdpa-flash's gradients (SDPA's math kernel's where GQA keeps the flash
+kernel out). --heads H/Hk gives GQA shapes in every mode (SDPA through enable_gqa).
 
 --mode decode: one query token per sequence (flashc_fwd_kvcache, no append)
 over a full cache, head dim 128, for (batch, heads, kv heads, keys) in
@@ -211,9 +212,9 @@ def main():
     ap.add_argument("--headdims", default="64,128,256")
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--causal", default="0,1")
-    ap.add_argument("--heads", default="", help="fwd: H/Hk query and K/V heads (GQA), e.g. 64/8; "
+    ap.add_argument("--heads", default="", help="fwd, bwd: H/Hk query and K/V heads (GQA), e.g. 64/8; "
                     "default hidden 2048, MHA")
-    ap.add_argument("--batch", type=int, default=0, help="fwd: batch (default 16k tokens)")
+    ap.add_argument("--batch", type=int, default=0, help="fwd, bwd: batch (default 16k tokens)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--backends", default="",
                     help="subset to time (flashc alone: a quick look at a tuning variant); default "
@@ -304,19 +305,21 @@ def bench_bwd(args, fc):
     torch.manual_seed(0)
     names = ["sdpa-flash", "sdpa-cudnn", "flashc-det", "flashc"]
     for dn, dt, d, s, causal, h, b in sweep(args):
-        q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for _ in range(4))
-        out = torch.empty_like(q)
-        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-        dq, dk, dv = (torch.empty_like(q) for _ in range(3))
+        hk = kv_heads(args, h)
+        q, k, v, out, lse, _, gqa = fwd_operands(b, s, h, hk, d, dt)
+        dout = torch.randn_like(q)
+        dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
         fl = flops(b, h, s, s, d, causal, args.mode)
-        nbytes = 8 * q.numel() * q.element_size()  # q k v o do read, dq dk dv written
+        # q o do read, dq written, k v read, dk dv written
+        nbytes = 4 * (q.numel() + k.numel()) * q.element_size()
         qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
         dot = dout.transpose(1, 2)
 
         def sdpa(backend):
             def graph():
                 with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal))
+                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=bool(causal),
+                                                          **gqa)
             if args.mode == "fwdbwd":
                 return lambda: torch.autograd.grad(graph(), (qt, kt, vt), dot)
             o = graph()
@@ -329,7 +332,12 @@ def bench_bwd(args, fc):
                 return lambda: (fc.fwd(q, k, v, out, lse, causal), fc.bwd(call))
             return lambda: fc.bwd(call)
 
-        ref = sdpa(SDPBackend.FLASH_ATTENTION)()
+        # the reference of max_err: SDPA's flash kernel, or its math one where GQA
+        # keeps the flash kernel out
+        try:
+            ref = sdpa(SDPBackend.FLASH_ATTENTION)()
+        except RuntimeError:
+            ref = sdpa(SDPBackend.MATH)()
         ref = [g.transpose(1, 2).float() for g in ref]
         results = []
         for name in (n for n in names if n in args.backends.split(",")):
@@ -354,14 +362,14 @@ def bench_bwd(args, fc):
                 results.append((name, float("nan"), ""))
         for name, ms, err in results:
             rows.append("%s,%s,%s,%d,%d,%d,%d,%d,%d,%d,%.4f,%.1f,%.1f,%s" %
-                        (name, args.mode, dn, b, s, s, h, h, d, causal, ms,
+                        (name, args.mode, dn, b, s, s, h, hk, d, causal, ms,
                          fl / (ms * 1e-3) / 1e12, nbytes / (ms * 1e-3) / 1e9, err))
         base = {n: float("nan") for n in names}
         base.update({n: m for n, m, _ in results})
-        line = ("%s d%-3d s%-5d %-6s flashc %6.1f  flashc-det %6.1f  sdpa-flash %6.1f  "
+        line = ("%s d%-3d s%-5d %s %-6s flashc %6.1f  flashc-det %6.1f  sdpa-flash %6.1f  "
                 "sdpa-cudnn %6.1f TFLOP/s  (flashc/FA2 %.2fx) err %s" %
-                (dn, d, s, "causal" if causal else "", fl / base["flashc"] / 1e9,
-                 fl / base["flashc-det"] / 1e9, fl / base["sdpa-flash"] / 1e9,
+                (dn, d, s, "h%d/%d b%d" % (h, hk, b), "causal" if causal else "",
+                 fl / base["flashc"] / 1e9, fl / base["flashc-det"] / 1e9, fl / base["sdpa-flash"] / 1e9,
                  fl / base["sdpa-cudnn"] / 1e9, base["sdpa-flash"] / base["flashc"],
                  results[-1][2]))
         print(line, flush=True)
