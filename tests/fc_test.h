@@ -25,6 +25,9 @@
 #include "flashc.h"
 #include "support/check.h"
 
+/* The number of elements of an array (not a pointer), as an int. */
+#define FC_COUNT(x) ((int)(sizeof(x) / sizeof((x)[0])))
+
 typedef void (*fc_test_fn)(const void *param);
 
 /* Add a case; name and param are kept (name is copied, param is not). */

@@ -26,7 +26,6 @@ static const int gm_m[] = {1, 5, 6, 7, 12, 13, 64, 130};
 static const int gm_n[] = {1, 8, 9, 16, 17, 40, 64, 100};
 static const int gm_k[] = {0, 1, 128, 129, 300};
 enum { GM_MAX = 300, GM_PAD = 5, GM_LD = GM_MAX + GM_PAD, GM_ROWS = GM_MAX + 2 };
-#define GM_N(x) ((int)(sizeof(x) / sizeof((x)[0])))
 
 typedef enum { GM_NN, GM_NT, GM_TN } gm_op;
 static const char *const gm_names[] = {"nn", "nt", "tn"};
@@ -109,9 +108,9 @@ static void gm_run(const void *param) {
         if (!flashc_simd_supported((flashc_simd)s)) continue;
         FC_EXPECT_STATUS(flashc_set_simd((flashc_simd)s), FLASHC_OK);
         const fc_simd_ops *ops = fc_simd();
-        for (int i = 0; i < GM_N(gm_m); i++)
-            for (int j = 0; j < GM_N(gm_n); j++)
-                for (int k = 0; k < GM_N(gm_k); k++)
+        for (int i = 0; i < FC_COUNT(gm_m); i++)
+            for (int j = 0; j < FC_COUNT(gm_n); j++)
+                for (int k = 0; k < FC_COUNT(gm_k); k++)
                     for (int acc = 0; acc <= 1; acc++)
                         if (!gm_one(ops, op, &g, gm_m[i], gm_n[j], gm_k[k], acc)) goto done;
     }
@@ -126,7 +125,7 @@ done:
 static const gm_op gm_ops[] = {GM_NN, GM_NT, GM_TN};
 
 FC_TEST_REGISTER(gemm_ops) {
-    for (int i = 0; i < GM_N(gm_ops); i++) {
+    for (int i = 0; i < FC_COUNT(gm_ops); i++) {
         char name[32];
         snprintf(name, sizeof name, "gemm_ops_%s", gm_names[gm_ops[i]]);
         fc_test_add(name, gm_run, &gm_ops[i]);

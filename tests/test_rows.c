@@ -24,7 +24,6 @@ static const int rw_dims[] = {1,  7,  15,  16,  17,  33,  64,  100, 128,
                               129, 200, 256, 257, 385, 512, 1000, 1024};
 static const int rw_nrows[] = {1, 5, 40};
 enum { RW_MAX_D = 1024, RW_MAX_NQ = 8, RW_MAX_ROWS = 40, RW_POOL = 2 * RW_MAX_ROWS, RW_PAD = 16 };
-#define RW_N(x) ((int)(sizeof(x) / sizeof((x)[0])))
 
 typedef struct rw_buf {
     flashc_dtype dt;
@@ -150,8 +149,8 @@ static void rw_run(const void *param) {
         FC_EXPECT_TRUE(!ops->dot_rows == !ops->axpy_rows);
         if (!ops->dot_rows || !ops->axpy_rows) continue;
         for (int nq = 1; nq <= RW_MAX_NQ; nq++)
-            for (int i = 0; i < RW_N(rw_dims); i++)
-                for (int k = 0; k < RW_N(rw_nrows); k++)
+            for (int i = 0; i < FC_COUNT(rw_dims); i++)
+                for (int k = 0; k < FC_COUNT(rw_nrows); k++)
                     if (!rw_dot(ops, &b, nq, rw_nrows[k], rw_dims[i]) ||
                         !rw_axpy(ops, &b, nq, rw_nrows[k], rw_dims[i]))
                         goto done;
@@ -171,7 +170,7 @@ done:
 static const flashc_dtype rw_dtypes[] = {FLASHC_DTYPE_FP32, FLASHC_DTYPE_FP16, FLASHC_DTYPE_BF16};
 
 FC_TEST_REGISTER(rows_ops) {
-    for (int i = 0; i < RW_N(rw_dtypes); i++) {
+    for (int i = 0; i < FC_COUNT(rw_dtypes); i++) {
         char name[64];
         snprintf(name, sizeof name, "rows_ops_%s", flashc_dtype_name(rw_dtypes[i]));
         fc_test_add(name, rw_run, &rw_dtypes[i]);

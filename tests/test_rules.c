@@ -33,7 +33,6 @@ enum { RW_MAX_S = 12, RW_MAX_W = 13 };
 /* The SIMD sweep: lengths and windows (AVX2 has 8 lanes, AVX-512 16). */
 static const int rw_simd_len[] = {1, 2, 3, 5, 8, 12, 16, 17, 31, 33, 40};
 static const int rw_simd_win[] = {-1, 0, 1, 2, 3, 5, 8, 13, 16, 31, 45};
-#define RW_N(x) ((int)(sizeof(x) / sizeof((x)[0])))
 enum { RW_SIMD_MAX = 40, RW_PAD = 4 };
 
 /* Keys [*lo, *hi) of row i by fc_key_range. */
@@ -148,10 +147,10 @@ FC_TEST(rules_window) {
         FC_EXPECT_STATUS(flashc_set_simd((flashc_simd)s), FLASHC_OK);
         const fc_simd_ops *ops = fc_simd();
         const char *path = flashc_simd_name((flashc_simd)s);
-        for (int q = 0; q < RW_N(rw_simd_len) && !fc_test_failed(); q++)
-            for (int k = 0; k < RW_N(rw_simd_len) && !fc_test_failed(); k++)
-                for (int l = 0; l < RW_N(rw_simd_win) && !fc_test_failed(); l++)
-                    for (int r = 0; r < RW_N(rw_simd_win); r++) {
+        for (int q = 0; q < FC_COUNT(rw_simd_len) && !fc_test_failed(); q++)
+            for (int k = 0; k < FC_COUNT(rw_simd_len) && !fc_test_failed(); k++)
+                for (int l = 0; l < FC_COUNT(rw_simd_win) && !fc_test_failed(); l++)
+                    for (int r = 0; r < FC_COUNT(rw_simd_win); r++) {
                         int sq = rw_simd_len[q], sk = rw_simd_len[k];
                         int left = rw_simd_win[l], right = rw_simd_win[r];
                         if (!rw_simd_block(ops, 1, sq, sk, left, right, path) ||
