@@ -75,6 +75,34 @@ static void gs_check_empty_rows(const double *r_out, const double *r_lse, const 
             }
 }
 
+/* Room for the references of out and lse (float64 and the baseline) and for
+ * flashc's out and lse as doubles. */
+typedef struct {
+    double *r[2], *l[2], *g[2];
+    int64_t n[2];
+} gs_fwd;
+
+static void gs_fwd_new(gb_arena *ar, gs_fwd *f, int64_t nq, int64_t nl) {
+    const int64_t n[2] = {nq, nl};
+    for (int i = 0; i < 2; i++) {
+        f->n[i] = n[i];
+        f->r[i] = gb_dbl(ar, n[i]);
+        f->l[i] = gb_dbl(ar, n[i]);
+        f->g[i] = gb_dbl(ar, n[i]);
+    }
+}
+
+/* The downloaded (host-side) out and lse, into f->g, against the references. */
+static void gs_fwd_check(gs_fwd *f, flashc_dtype dt, const flashc_tensor *out,
+                         const flashc_tensor *lse) {
+    static const char *const names[2] = {"out", "lse"};
+    const flashc_tensor *const got[2] = {out, lse};
+    for (int i = 0; i < 2; i++) {
+        fc_tensor_to_double(got[i], f->g[i]);
+        fc_check_close(names[i], dt, f->g[i], f->r[i], f->l[i], f->n[i]);
+    }
+}
+
 /* Room for the references of dq, dk, dv and dsink (float64 and the baseline). */
 typedef struct {
     double *r[4], *l[4];
@@ -209,20 +237,16 @@ static void gs_run(const void *param) {
     GB_OK(flashc_fwd(&df, &p, fws, fb));
     if (!gb_sync() || !gb_download(ob) || !gb_download(lb)) goto done;
     {
-        double *r_out = gb_dbl(&ar, nq), *r_lse = gb_dbl(&ar, nl);
-        double *l_out = gb_dbl(&ar, nq), *l_lse = gb_dbl(&ar, nl);
-        double *g_out = gb_dbl(&ar, nq), *g_lse = gb_dbl(&ar, nl);
-        GB_OK(fc_ref_fwd(&hf, &p, FC_REF_F64, r_out, r_lse, NULL));
-        GB_OK(fc_ref_fwd(&hf, &p, FC_REF_LOWP, l_out, l_lse, NULL));
-        fc_tensor_to_double(&hf.out, g_out);
-        fc_tensor_to_double(&hf.softmax_lse, g_lse);
-        fc_check_close("out", dt, g_out, r_out, l_out, nq);
-        fc_check_close("lse", dt, g_lse, r_lse, l_lse, nl);
-        gs_check_empty_rows(r_out, r_lse, g_out, g_lse, (const float *)sb->h, B, Sq, H, D);
-        /* The backward reads the reference's out (rounded to dt) and lse, as the
-         * baseline's does (tests/test_sink.c likewise): dsink sums dout . out over
-         * every row of a head, so the forward's own rounding of out, though within
-         * its bound element by element, moves dsink by ~1% at 257 x 300 with ALiBi */
+        gs_fwd f;
+        gs_fwd_new(&ar, &f, nq, nl);
+        GB_OK(fc_ref_fwd(&hf, &p, FC_REF_F64, f.r[0], f.r[1], NULL));
+        GB_OK(fc_ref_fwd(&hf, &p, FC_REF_LOWP, f.l[0], f.l[1], NULL));
+        gs_fwd_check(&f, dt, &hf.out, &hf.softmax_lse);
+        const double *r_out = f.r[0], *r_lse = f.r[1];
+        gs_check_empty_rows(r_out, r_lse, f.g[0], f.g[1], (const float *)sb->h, B, Sq, H, D);
+        /* The backward reads the reference's out (rounded to dt) and lse, as
+         * tests/test_sink.c does on the CPU; dsink's baseline is the float64 sum
+         * over them (gs_dsink_of_out) */
         for (int64_t i = 0; i < nq; i++) fc_set(ob->h, dt, i, r_out[i]);
         for (int64_t i = 0; i < nl; i++) fc_set(lb->h, FLASHC_DTYPE_FP32, i, r_lse[i]);
         if (!gb_upload(ob) || !gb_upload(lb)) goto done;
@@ -398,17 +422,13 @@ static void gsk_run(const void *param) {
         hf.k = gb_view(kb, 0, dt, 0, 4, ks, kst);
         hf.v = gb_view(vb, 0, dt, 0, 4, ks, kst);
         hf.sink = gb_view(sb, 0, FLASHC_DTYPE_FP32, 0, 1, hs, hst);
-        double *r_out = gb_dbl(&ar, nq), *r_lse = gb_dbl(&ar, nl);
-        double *l_out = gb_dbl(&ar, nq), *l_lse = gb_dbl(&ar, nl);
-        double *g_out = gb_dbl(&ar, nq), *g_lse = gb_dbl(&ar, nl);
-        GB_OK(fc_ref_fwd(&hf, &p, FC_REF_F64, r_out, r_lse, NULL));
-        GB_OK(fc_ref_fwd(&hf, &p, FC_REF_LOWP, l_out, l_lse, NULL));
+        gs_fwd f;
+        gs_fwd_new(&ar, &f, nq, nl);
+        GB_OK(fc_ref_fwd(&hf, &p, FC_REF_F64, f.r[0], f.r[1], NULL));
+        GB_OK(fc_ref_fwd(&hf, &p, FC_REF_LOWP, f.l[0], f.l[1], NULL));
         const flashc_tensor ho = gb_view(ob, 0, dt, 0, 4, qs, qst);
         const flashc_tensor hl = gb_view(lb, 0, FLASHC_DTYPE_FP32, 0, 3, ls, lst);
-        fc_tensor_to_double(&ho, g_out);
-        fc_tensor_to_double(&hl, g_lse);
-        fc_check_close("out", dt, g_out, r_out, l_out, nq);
-        fc_check_close("lse", dt, g_lse, r_lse, l_lse, nl);
+        gs_fwd_check(&f, dt, &ho, &hl);
     }
 done:
     gb_free(&ar);
@@ -533,16 +553,12 @@ FC_TEST(gpu_sink_varlen) {
         !gb_download(dkb) || !gb_download(dvb) || !gb_download(dsb))
         goto done;
     {
-        const int64_t nl = H * Tq;
-        double *r_out = gb_dbl(&ar, nq), *r_lse = gb_dbl(&ar, nl);
-        double *l_out = gb_dbl(&ar, nq), *l_lse = gb_dbl(&ar, nl);
-        double *g_out = gb_dbl(&ar, nq), *g_lse = gb_dbl(&ar, nl);
-        GB_OK(fc_ref_varlen_fwd(&hf, &p, FC_REF_F64, r_out, r_lse, NULL));
-        GB_OK(fc_ref_varlen_fwd(&hf, &p, FC_REF_LOWP, l_out, l_lse, NULL));
-        fc_tensor_to_double(&hf.out, g_out);
-        fc_tensor_to_double(&hf.softmax_lse, g_lse);
-        fc_check_close("out", dt, g_out, r_out, l_out, nq);
-        fc_check_close("lse", dt, g_lse, r_lse, l_lse, nl);
+        gs_fwd f;
+        gs_fwd_new(&ar, &f, nq, H * Tq);
+        GB_OK(fc_ref_varlen_fwd(&hf, &p, FC_REF_F64, f.r[0], f.r[1], NULL));
+        GB_OK(fc_ref_varlen_fwd(&hf, &p, FC_REF_LOWP, f.l[0], f.l[1], NULL));
+        gs_fwd_check(&f, dt, &hf.out, &hf.softmax_lse);
+        const double *g_out = f.g[0], *g_lse = f.g[1];
         /* sequence 2 sees no key: out 0 and lse the sink, exactly */
         const float *sink = (const float *)sb->h;
         for (int64_t t = cq[2]; t < cq[3]; t++)
