@@ -254,13 +254,14 @@ FLASHC_API flashc_params flashc_params_default(void);
 
 /* ---- forward, batched ---- */
 /* q, k: [B, Sq, H, D], [B, Sk, Hk, D]  v: [B, Sk, Hk, Dv]  (H % Hk == 0; D and
- *   Dv in 1..1024 on the CPU; the CUDA backend takes D = Dv in 1..256)
+ *   Dv in 1..1024 on the CPU, 1..256 on CUDA)
  * out: [B, Sq, H, Dv], same dtype as q
  * Dv, the value head dim, is read from v's shape and may differ from D, the
  * head dim of Q K^T (DeepSeek MLA: D = 192, Dv = 128): out, and in the backward
- * dout and dv, carry Dv. The CPU backend supports every pair; the CUDA backend
- * refuses Dv != D with FLASHC_ERR_UNSUPPORTED (every entry point, before any
- * launch).
+ * dout and dv, carry Dv. Both backends support every pair in their ranges, in
+ * every entry point; the CUDA backend runs the kernel instance of the larger of
+ * the two (no fast path for a particular pair yet) and refuses a D or Dv past 256
+ * with FLASHC_ERR_UNSUPPORTED, before any launch.
  * softmax_lse: optional fp32 [B, H, Sq], natural log of the softmax denominator;
  *   a row that sees no key gets out = 0 and lse = -inf
  * alibi_slopes: optional fp32 [H] or [B, H]; adds -slope * |i + Sk - Sq - j| to the

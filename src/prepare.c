@@ -230,19 +230,6 @@ static flashc_status fc_check_v(fc_ctx *c, const flashc_tensor *v, const char *n
     return FLASHC_OK;
 }
 
-/* A backend whose kernels assume one head dim refuses Dv != D here, before
- * any workspace or launch. */
-static flashc_status fc_check_backend_dv(const fc_backend_impl *impl, const flashc_tensor *q,
-                                         const flashc_tensor *v, const char *v_name) {
-    int64_t D = q->shape[q->ndim - 1], Dv = v->shape[v->ndim - 1];
-    if (Dv != D && impl->id == FLASHC_BACKEND_CUDA)
-        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "%s.shape[%d]=%lld but q.shape[%d]=%lld: a value head dim other than "
-                            "the query/key head dim is not supported by the CUDA backend yet",
-                            v_name, v->ndim - 1, (long long)Dv, q->ndim - 1, (long long)D);
-    return FLASHC_OK;
-}
-
 typedef enum {
     FC_KV_BATCHED, /* [B, Sk, Hk, D] */
     FC_KV_VARLEN,  /* [total_k, Hk, D] */
@@ -617,7 +604,6 @@ static flashc_status fc_prepare_attention(const fc_operands *o, const flashc_par
         if (c.device == FLASHC_DEVICE_CPU) FC_TRY(fc_check_varlen_values(&c, o));
     }
     FC_TRY(fc_select_backend(&c, p->backend, &call->impl));
-    FC_TRY(fc_check_backend_dv(call->impl, o->q, o->v, "v"));
 
     fc_attn *a = &call->attn;
     call->op = op;
@@ -827,7 +813,6 @@ static flashc_status fc_prepare_cache(const flashc_kvcache_args *x, const flashc
     a->max_seqlen_k = kc->kv_capacity;
     if (c.device == FLASHC_DEVICE_CPU) FC_TRY(fc_check_kvcache_values(&c, x, call, &a->max_seqlen_k));
     FC_TRY(fc_select_backend(&c, p->backend, &call->impl));
-    FC_TRY(fc_check_backend_dv(call->impl, &x->q, &x->v_cache, "v_cache"));
 
     call->op = FC_OP_KVCACHE;
     call->device = c.device;

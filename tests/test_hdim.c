@@ -314,19 +314,22 @@ FC_TEST_REGISTER(hdim_kvcache) {
     }
 }
 
-/* The CUDA backend refuses D = 512 (and 576/512, through its Dv != D refusal) in
- * every entry point and query with FLASHC_ERR_UNSUPPORTED, before any
- * workspace or launch: the size queries leave *bytes alone. Runs where CUDA is
- * compiled in and a device is usable; the tensors are host buffers labelled
- * as device memory, which nothing reads because every call stops first (the
- * GPU suite, tests/gpu/test_gpu_edge.c, runs the same on device memory). */
+/* The CUDA backend refuses D = 512, MLA's 576/512 and a value head dim past its
+ * instances (128/320) in every entry point and query with
+ * FLASHC_ERR_UNSUPPORTED, before any workspace or launch: the size queries
+ * leave *bytes alone. Runs where CUDA is compiled in and a device is usable;
+ * the tensors are host buffers labelled as device memory, which nothing reads
+ * because every call stops first (the GPU suite, tests/gpu/test_gpu_edge.c,
+ * runs the same on device memory). */
 FC_TEST(hdim_cuda_refused) {
     if (!flashc_backend_available(FLASHC_BACKEND_CUDA)) return;
-    static const int dims[2][2] = {{512, 512}, {576, 512}};
-    for (int i = 0; i < 2; i++) {
+    static const int dims[3][2] = {{512, 512}, {576, 512}, {128, 320}};
+    for (int i = 0; i < 3; i++) {
         const int64_t D = dims[i][0], Dv = dims[i][1];
-        const char *why = D == Dv ? "head_dim=512 but the CUDA backend's"
-                                  : "a value head dim other than the query/key head dim";
+        char why[96];
+        snprintf(why, sizeof why, "%s=%lld but the CUDA backend's",
+                 Dv > D ? "the value head_dim (v.shape[-1])" : "head_dim",
+                 (long long)(Dv > D ? Dv : D));
         const int64_t qs[4] = {1, 4, 2, D}, vs[4] = {1, 4, 2, Dv}, ls[3] = {1, 2, 4},
                       q0[4] = {1, 0, 2, D}, o0[4] = {1, 0, 2, Dv}, ns[4] = {1, 1, 2, D},
                       nvs[4] = {1, 1, 2, Dv};

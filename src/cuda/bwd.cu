@@ -124,7 +124,7 @@ static int fc_bwd_kv_split(const fc_attn *a, int bc, int64_t slots) {
 // What fc_cuda_bwd will run.
 typedef struct {
     int family;       // FC_FAMILY_SM80 or FC_FAMILY_SM90
-    int dim;          // compiled head dim of the family (>= head_dim, zero-padded)
+    int dim;          // compiled head dim of the family (>= D and Dv, zero-padded)
     int br, bc;       // its tile
     int64_t dq_pitch; // floats per dq_accum row: sm90 the instance's D (its bulk
                       // reductions cover whole rows), sm80 the packed row
@@ -143,7 +143,7 @@ static flashc_status fc_cuda_bwd_plan_make(const fc_attn *a, fc_cuda_bwd_plan *p
     *pl = fc_cuda_bwd_plan{};
     FC_TRY(fc_cuda_dtype_check(a));
     FC_TRY(fc_dim_check(a, kFcSm80BwdDims, "backward"));
-    const int64_t d8 = (a->head_dim + 7) / 8 * 8;
+    const int64_t d8 = fc_cuda_d8(a);
     FC_TRY(fc_cuda_len_check(a));
     FC_TRY(fc_cuda_grid_check(a->batch, a->kv_heads, "kv_heads"));
     fc_cuda_device dv;
@@ -155,9 +155,10 @@ static flashc_status fc_cuda_bwd_plan_make(const fc_attn *a, fc_cuda_bwd_plan *p
     fc_bwd_shape(pl->family, pl->dim, &pl->br, &pl->bc, &smem, &per_sm);
     if (smem > dv.smem_optin)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "head_dim=%lld: the backward needs %d bytes of shared memory per "
-                            "block but CUDA device %d allows %d",
-                            (long long)a->head_dim, smem, dv.dev, dv.smem_optin);
+                            "head_dim=%lld, value head_dim=%lld: the backward needs %d bytes "
+                            "of shared memory per block but CUDA device %d allows %d",
+                            (long long)a->head_dim, (long long)a->head_dim_v, smem, dv.dev,
+                            dv.smem_optin);
     pl->causal = a->window_right == 0;
     pl->empty = a->batch == 0 || a->heads == 0 || a->max_seqlen_k == 0;
 
@@ -224,6 +225,7 @@ extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes
     fc_cuda_bwd_params p = {};
     p.f = fc_cuda_fwd_make_params(&packed);
     p.f.head_dim = (int32_t)pl.pk.dp;
+    p.f.head_dim_v = (int32_t)pl.pk.dpv;
     p.dout = packed.dout.ptr;
     p.do_s_batch = packed.dout.s_batch, p.do_s_seq = packed.dout.s_seq, p.do_s_head = packed.dout.s_head;
     p.dq = a->dq.ptr;  // the dQ kernel writes any stride and head dim

@@ -35,19 +35,20 @@ typedef struct fc_cuda_bwd_params {
     fc_cuda_fwd_params f;  // q, k, v, o (the forward's output), lse (natural log, the caller's)
 
     // ---- dout and the gradients (element strides, the d axis contiguous) ----
-    const void *dout;  // like q
+    const void *dout;  // like q, of f.head_dim_v columns
     int64_t do_s_batch, do_s_seq, do_s_head;
     void *dq;          // like q, written by the dQ kernel (any stride, any head_dim)
     int64_t dq_s_batch, dq_s_seq, dq_s_head;
-    void *dk, *dv;     // like k / v (rows of sequence b at cu_seqlens_k[b] when varlen)
+    void *dk, *dv;     // like k / v, of D / Dv columns (rows of sequence b at cu_seqlens_k[b]
+                       // when varlen)
     int64_t dk_s_batch, dk_s_seq, dk_s_head;
     int64_t dv_s_batch, dv_s_seq, dv_s_head;
-    int32_t dq_head_dim;  // D of dq, dk, dv as the caller sees it (<= f.head_dim when
-                          // the main kernel reads zero-padded copies)
+    int32_t dq_head_dim;  // D of dq as the caller sees it (<= f.head_dim when the main
+                          // kernel reads zero-padded copies)
 
     // ---- scratch in the workspace ----
     float *lse2;      // [H][rows]: lse * log2(e), +inf for rows that see no key and pad rows
-    float *delta;     // [H][rows]: rowsum(dout * out), 0 for pad rows
+    float *delta;     // [H][rows]: rowsum(dout * out) over Dv, 0 for pad rows
     float *dq_accum;  // [H][rows][dq_pitch]: sum over key blocks of dS K (unscaled)
     int32_t *sem;     // [H][rows / Br]: deterministic mode's turn counters, or NULL
     int64_t rows;     // rows of each head's scratch

@@ -65,12 +65,14 @@ __device__ __forceinline__ fc_kv_span fc_kv_span_of(const fc_cuda_kv_lens &l, in
 typedef struct fc_cuda_kvprep_params {
     fc_cuda_kv_lens lens;
     int32_t batch, seqlen_q, heads, kv_heads, head_dim;
+    int32_t head_dim_v;  // Dv: of v_new and v_cache
 
     // the append (n_append = B * S_new * Hk, 0 without k_new)
-    const void *k_new, *v_new;  // [B, S_new, Hk, D]
+    const void *k_new, *v_new;  // [B, S_new, Hk, D], [B, S_new, Hk, Dv]
     int64_t kn_s_batch, kn_s_seq, kn_s_head;
     int64_t vn_s_batch, vn_s_seq, vn_s_head;
     void *k_cache, *v_cache;  // contiguous [B_c, S_c, Hk, D] or paged [pages, page_size, Hk, D]
+                              // (v_cache: Dv)
     int64_t kc_s_batch, kc_s_seq, kc_s_head;  // s_batch: between cache batches or pages
     int64_t vc_s_batch, vc_s_seq, vc_s_head;
     const int32_t *block_table;  // [B, bt_stride], or NULL (contiguous)
@@ -104,7 +106,7 @@ typedef struct fc_cuda_kvprep_params {
 // rows (m_block) and one of `splits` ranges of the key tiles.
 typedef struct fc_cuda_decode_params {
     // q (the rotated copy when rotary), the caches as k / v, out, lse, the shape
-    // (seqlen_q, kv_group, head_dim: a multiple of 8), the cache layout
+    // (seqlen_q, kv_group, head_dim and head_dim_v: multiples of 8), the cache layout
     // (block_table, page_size, k_batch_idx, k_leftpad) and the score constants.
     // seqlens_k is NULL: lengths come from `lens`; seqlen_k is the capacity.
     fc_cuda_fwd_params f;
@@ -115,7 +117,7 @@ typedef struct fc_cuda_decode_params {
     int32_t splits;    // key splits, 1..128; 1 writes out and lse directly
     // splits > 1: each split's O (normalised by its own sum) and natural-log lse,
     // combined by the combine kernel into out and lse
-    float *o_accum;    // fp32 [splits, B * Hk, rows, head_dim]
+    float *o_accum;    // fp32 [splits, B * Hk, rows, head_dim_v]
     float *lse_accum;  // fp32 [splits, B * Hk, rows]
 } fc_cuda_decode_params;
 

@@ -3,8 +3,9 @@
 //
 //   fc_cuda_fwd(a)  fc_attn (prepare.c's validated problem) -> fc_cuda_fwd_params
 //                   (plan.cu: host-derived constants such as score_scale * log2 e),
-//                   the kernel family for the device (plan.h), head dim rounded up
-//                   to a compiled instance of it (zero-padded), one switch over
+//                   the kernel family for the device (plan.h), the larger of the
+//                   head dims D (q, k) and Dv (v, out) rounded up to a compiled
+//                   instance of it (each operand zero-padded past its own), one switch over
 //                   the family's generated list of head dims
 //                   (sm80/inst/instances.h, sm90/inst/instances.h,
 //                   sm90ws/inst/instances.h), grid from the tuning table
@@ -12,8 +13,9 @@
 //   fc_cuda_fwd_supported(a)  the same checks, nothing launched.
 //   fc_cuda_fwd_workspace(a)  bytes for the repacked operands (plan.h):
 //                   q, k, v, out that are not 16-byte aligned, have a stride
-//                   that is not a multiple of 8 elements, or (all four) when D
-//                   is not a multiple of 8; 0 when every operand is read in place.
+//                   that is not a multiple of 8 elements, or whose head dim (D
+//                   for q, k; Dv for v, out) is not a multiple of 8; 0 when
+//                   every operand is read in place.
 //
 // Families: sm90ws (TMA loads by a producer warpgroup, wgmma consumers,
 // sm90ws/fwd_kernel.cuh), sm90 (wgmma, cp.async, sm90/fwd_kernel.cuh), sm80
@@ -259,7 +261,7 @@ static cudaError_t fc_sm90ws_fwd_run(const fc_cuda_fwd_ws_params &wp, bool causa
 // What fc_cuda_fwd will run: the instance and whether there is work at all.
 typedef struct {
     int family;  // FC_FAMILY_SM80, FC_FAMILY_SM90 or FC_FAMILY_SM90WS
-    int dim;     // compiled head dim of the family (>= head_dim, zero-padded)
+    int dim;     // compiled head dim of the family (>= D and Dv, zero-padded)
     bool causal; // the kCausal instance (right window edge on the diagonal)
     bool empty;  // nothing to compute (no batch, head or query row)
     int sms;     // the device's multiprocessors (a persistent grid's size)
@@ -294,7 +296,7 @@ static flashc_status fc_cuda_fwd_check(const fc_attn *a, fc_cuda_fwd_plan *plan)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
                             "attn_probs is not supported by the CUDA backend (use the CPU)");
     FC_TRY(fc_cuda_fwd_dim_check(a));
-    const int64_t d8 = (a->head_dim + 7) / 8 * 8;
+    const int64_t d8 = fc_cuda_d8(a);
     FC_TRY(fc_cuda_len_check(a));
     FC_TRY(fc_cuda_grid_check(a->batch, a->heads, "heads"));
     plan->causal = a->window_right == 0;
@@ -323,9 +325,10 @@ static flashc_status fc_cuda_fwd_check(const fc_attn *a, fc_cuda_fwd_plan *plan)
     const int smem = fc_fwd_smem(plan->family, plan->dim, plan->short_row);
     if (smem > dv.smem_optin)
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "head_dim=%lld needs %d bytes of shared memory per block but CUDA "
-                            "device %d allows %d",
-                            (long long)a->head_dim, smem, dv.dev, dv.smem_optin);
+                            "head_dim=%lld, value head_dim=%lld need %d bytes of shared memory "
+                            "per block but CUDA device %d allows %d",
+                            (long long)a->head_dim, (long long)a->head_dim_v, smem, dv.dev,
+                            dv.smem_optin);
     return FLASHC_OK;
 }
 
@@ -353,6 +356,7 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
     FC_CUDA_TRY(fc_cuda_pack_start(a, pk, ws, {FC_PACK_OUT}, stream, &packed));
     fc_cuda_fwd_params p = fc_cuda_fwd_make_params(&packed);
     p.head_dim = (int32_t)pk.dp;
+    p.head_dim_v = (int32_t)pk.dpv;
 
     // ---- dispatch: one switch over the family's compiled head dims ----
     const bool bf16 = a->dtype == FLASHC_DTYPE_BF16;
@@ -372,7 +376,7 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
     if (plan.family == FC_FAMILY_SM90WS) {
         // the TMA descriptors of q, k, v: boxes of 64 columns by Br rows (q; packed,
         // G heads by Br / G rows), Bc rows or, paged, a page of a size that divides
-        // Bc (k, v)
+        // Bc (k, v); v of its own head dim (the columns past it read as zeros)
         fc_cuda_fwd_ws_params wp;
         wp.f = p;
         wp.short_row = plan.short_row;
@@ -384,7 +388,7 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
         if (!fc_cuda_tma_map(&wp.tma_q, packed.q, pk.dims[FC_PACK_Q], pk.dp, wp.pack,
                              br / wp.pack) ||
             !fc_cuda_tma_map(&wp.tma_k, packed.k, pk.dims[FC_PACK_K], pk.dp, 1, kv_rows) ||
-            !fc_cuda_tma_map(&wp.tma_v, packed.v, pk.dims[FC_PACK_V], pk.dp, 1, kv_rows))
+            !fc_cuda_tma_map(&wp.tma_v, packed.v, pk.dims[FC_PACK_V], pk.dpv, 1, kv_rows))
             return fc_set_error(FLASHC_ERR_CUDA,
                                 "the CUDA driver refused a TMA descriptor of q, k or v (the "
                                 "sm90ws family; FLASHC_CUDA_FAMILY=sm90 runs without TMA)");

@@ -9,8 +9,9 @@
 //      reads a cache row that is still being written.
 //   2a. the decode kernel (sm80/decode_kernel.cuh): one CTA per (16 packed
 //      query rows, key split, kv head, sequence), then, with more than one
-//      split, the combine kernel; for head dims that are a multiple of 8 with
-//      16-byte aligned operands and at most kFcDecodeMaxRows packed rows;
+//      split, the combine kernel; for head dims D and Dv that are multiples of
+//      8 with 16-byte aligned operands and at most kFcDecodeMaxRows packed rows
+//      (the instance covers the larger of D and Dv);
 //   2b. otherwise fc_cuda_fwd over the cache (any layout: it repacks what it
 //      cannot read in place; long query chunks: its 128-row tiles).
 // The lengths live in device memory and are never read here: the plan uses the
@@ -148,13 +149,13 @@ static flashc_status fc_cuda_kv_plan_make(const fc_kvcache *kc, fc_cuda_kv_plan 
     const int64_t group = a->heads / a->kv_heads, rows = a->max_seqlen_q * group;
     const fc_attn att = fc_kv_attn(kc, pl->rotary, NULL, NULL);
     int bc = 0, smem = 0;
-    pl->dim = fc_dim_at_least(kFcDecodeDims, a->head_dim);
+    pl->dim = fc_dim_at_least(kFcDecodeDims, fc_cuda_d8(a));
     fc_decode_shape(pl->dim, &bc, &smem);
-    pl->decode = pl->attend && a->head_dim % 8 == 0 && pl->dim > 0 && smem <= dv.smem_optin &&
+    pl->decode = pl->attend && pl->dim > 0 && smem <= dv.smem_optin &&
                  rows <= kFcDecodeMaxRows && fc_cuda_view_direct(&att.q, a->head_dim) &&
                  fc_cuda_view_direct(&att.k, a->head_dim) &&
-                 fc_cuda_view_direct(&att.v, a->head_dim) &&
-                 fc_cuda_view_direct(&att.out, a->head_dim);
+                 fc_cuda_view_direct(&att.v, a->head_dim_v) &&
+                 fc_cuda_view_direct(&att.out, a->head_dim_v);
     if (pl->decode) {
         pl->rows = (int)rows;
         pl->m_blocks = (int)((rows + 15) / 16);
@@ -180,7 +181,7 @@ static flashc_status fc_cuda_kv_plan_make(const fc_kvcache *kc, fc_cuda_kv_plan 
         sizes[FC_KVW_QROT] = (size_t)(a->batch * a->max_seqlen_q * a->heads * a->head_dim) * 2;
     if (pl->decode && pl->splits > 1) {
         const size_t prows = (size_t)pl->splits * (size_t)(a->batch * a->kv_heads) * (size_t)pl->rows;
-        sizes[FC_KVW_OACC] = prows * (size_t)a->head_dim * sizeof(float);
+        sizes[FC_KVW_OACC] = prows * (size_t)a->head_dim_v * sizeof(float);
         sizes[FC_KVW_LSEACC] = prows * sizeof(float);
     }
     if (pl->attend && !pl->decode) {
@@ -208,6 +209,7 @@ static fc_cuda_kvprep_params fc_kv_prep_params(const fc_kvcache *kc, const fc_cu
     p.heads = (int32_t)a->heads;
     p.kv_heads = (int32_t)a->kv_heads;
     p.head_dim = (int32_t)a->head_dim;
+    p.head_dim_v = (int32_t)a->head_dim_v;
     p.k_new = kc->k_new.ptr, p.v_new = kc->v_new.ptr;
     p.kn_s_batch = kc->k_new.s_batch, p.kn_s_seq = kc->k_new.s_seq, p.kn_s_head = kc->k_new.s_head;
     p.vn_s_batch = kc->v_new.s_batch, p.vn_s_seq = kc->v_new.s_seq, p.vn_s_head = kc->v_new.s_head;

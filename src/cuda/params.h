@@ -20,8 +20,8 @@ typedef struct fc_cuda_fwd_params {
     // ---- operands (element strides; the d axis is contiguous) ----
     const void *q;  // row i of sequence b, head h: q + fc_q_row(b, i) + h*q_s_head
     const void *k;  // key row j of sequence b, kv head hk: k + fc_kv_row(b, j) + hk*k_s_head
-    const void *v;  // as k, with the v strides
-    void *o;        // like q
+    const void *v;  // as k, with the v strides (head_dim_v columns)
+    void *o;        // like q, of head_dim_v columns
     int64_t q_s_batch, q_s_seq, q_s_head;  // s_batch is 0 for varlen (rows are global tokens)
     int64_t k_s_batch, k_s_seq, k_s_head;  // s_batch: between batches, or pages when paged
     int64_t v_s_batch, v_s_seq, v_s_head;
@@ -33,7 +33,9 @@ typedef struct fc_cuda_fwd_params {
     int32_t batch;     // B (grid z)
     int32_t heads;     // H (grid y)
     int32_t kv_group;  // H / Hk: query head h reads kv head h / kv_group
-    int32_t head_dim;  // D of the problem, <= the kernel's D (the rest is zero-padded)
+    int32_t head_dim;  // D of q and k, <= the kernel's D (the rest is zero-padded)
+    int32_t head_dim_v;  // Dv of v and o (the backward's dout, dv), <= the kernel's D:
+                         // the kernel's D is the larger of the two, rounded up to an instance
     int32_t seqlen_q;  // batched Sq, or max_seqlen_q (grid x = ceil(seqlen_q / Br))
     int32_t seqlen_k;  // batched Sk, or max_seqlen_k
 

@@ -57,6 +57,11 @@ flashc_status fc_cuda_grid_check(int64_t batch, int64_t heads, const char *heads
 }
 
 // ---- compiled head dims ----
+int64_t fc_cuda_d8(const fc_attn *a) {
+    const int64_t d = a->head_dim_v > a->head_dim ? a->head_dim_v : a->head_dim;
+    return (d + 7) / 8 * 8;
+}
+
 int fc_dim_at_least(const int *dims, int64_t d) {
     for (; *dims; dims++)
         if (d <= *dims) return *dims;
@@ -70,11 +75,14 @@ int fc_dim_max(const int *dims) {
 }
 
 flashc_status fc_dim_check(const fc_attn *a, const int *dims, const char *op) {
-    if (fc_dim_at_least(dims, (a->head_dim + 7) / 8 * 8) == 0)
+    if (fc_dim_at_least(dims, fc_cuda_d8(a)) == 0) {
+        const bool v = a->head_dim_v > a->head_dim;
         return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "head_dim=%lld but the CUDA backend's %s takes head dims up to %d "
+                            "%s=%lld but the CUDA backend's %s takes head dims up to %d "
                             "(this build's instances; the CPU backend takes larger ones)",
-                            (long long)a->head_dim, op, fc_dim_max(dims));
+                            v ? "the value head_dim (v.shape[-1])" : "head_dim",
+                            (long long)(v ? a->head_dim_v : a->head_dim), op, fc_dim_max(dims));
+    }
     return FLASHC_OK;
 }
 
@@ -96,8 +104,18 @@ bool fc_cuda_view_direct(const fc_view *v, int64_t d) {
            v->s_seq % 8 == 0 && v->s_head % 8 == 0;
 }
 
-// Which of them are k-likes ([.., Sk, Hk, D]; the rest are q-likes).
+// Which of them are k-likes ([.., Sk, Hk, D]; the rest are q-likes), and which
+// have the value head dim Dv (the rest D).
 static const bool kFcPackIsKv[FC_PACK_N] = {false, true, true, false, false, true, true};
+static const bool kFcPackIsDv[FC_PACK_N] = {false, false, true, true, true, false, true};
+
+// Operand i's head dim and packed row length.
+static int64_t fc_cuda_pack_d(const fc_attn *a, int i) {
+    return kFcPackIsDv[i] ? a->head_dim_v : a->head_dim;
+}
+static int64_t fc_cuda_pack_dp(const fc_cuda_pack_plan &pk, int i) {
+    return kFcPackIsDv[i] ? pk.dpv : pk.dp;
+}
 
 // The operand views of *a in enum order (the backward's absent in a forward).
 static void fc_cuda_pack_views(const fc_attn *a, const fc_view *v[FC_PACK_N]) {
@@ -108,6 +126,7 @@ static void fc_cuda_pack_views(const fc_attn *a, const fc_view *v[FC_PACK_N]) {
 fc_cuda_pack_plan fc_cuda_pack_layout(const fc_attn *a, int n) {
     fc_cuda_pack_plan pk = {};
     pk.dp = (a->head_dim + 7) / 8 * 8;
+    pk.dpv = (a->head_dim_v + 7) / 8 * 8;
     const bool varlen = a->cu_seqlens_q != NULL;
     // q-likes: batched [B, Sq], varlen [1, total_q]
     const fc_cuda_pack_dims qd = {varlen ? 1 : a->batch, varlen ? a->total_q : a->max_seqlen_q,
@@ -127,8 +146,9 @@ fc_cuda_pack_plan fc_cuda_pack_layout(const fc_attn *a, int n) {
     const bool empty = a->batch == 0 || a->heads == 0 || a->max_seqlen_q == 0;
     for (int i = 0; i < FC_PACK_N; i++) {
         pk.dims[i] = kFcPackIsKv[i] ? kd : qd;
-        pk.packed[i] = !empty && i < n && !fc_cuda_view_direct(views[i], a->head_dim);
-        sizes[i] = pk.packed[i] ? (size_t)fc_cuda_pack_elems(pk.dims[i], pk.dp) * 2 : 0;
+        pk.packed[i] = !empty && i < n && !fc_cuda_view_direct(views[i], fc_cuda_pack_d(a, i));
+        sizes[i] =
+            pk.packed[i] ? (size_t)fc_cuda_pack_elems(pk.dims[i], fc_cuda_pack_dp(pk, i)) * 2 : 0;
     }
     pk.bytes = fc_ws_layout(FC_PACK_N, sizes, pk.off);
     return pk;
@@ -147,13 +167,14 @@ cudaError_t fc_cuda_pack_start(const fc_attn *a, const fc_cuda_pack_plan &pk, vo
         const fc_cuda_pack_dims &e = pk.dims[i];
         void *buf = (char *)ws + pk.off[i];
         // dense [n0, n1, heads, dp]; varlen rows by token index (s_batch 0)
-        const int64_t s_head = pk.dp, s_seq = e.heads * pk.dp;
+        const int64_t dp = fc_cuda_pack_dp(pk, i);
+        const int64_t s_head = dp, s_seq = e.heads * dp;
         const bool paged_kv = kFcPackIsKv[i] && a->block_table;
         const int64_t s_batch = a->cu_seqlens_q && !paged_kv ? 0 : e.n1 * s_seq;
         bool output = false;
         for (int o : outs) output = output || o == i;
         if (!output) {
-            const cudaError_t err = fc_cuda_pack(buf, *src[i], e, a->head_dim, pk.dp, stream);
+            const cudaError_t err = fc_cuda_pack(buf, *src[i], e, fc_cuda_pack_d(a, i), dp, stream);
             if (err != cudaSuccess) return err;
         }
         *dst[i] = fc_view{buf, s_batch, s_seq, s_head};
@@ -169,8 +190,9 @@ cudaError_t fc_cuda_pack_finish(const fc_attn *a, const fc_cuda_pack_plan &pk, v
         if (!pk.packed[i]) continue;
         // dk, dv rows past cu_seqlens_k[B] belong to no sequence (q-likes: cu_seqlens_q)
         const int32_t *cu = kFcPackIsKv[i] ? a->cu_seqlens_k : a->cu_seqlens_q;
-        const cudaError_t err = fc_cuda_unpack(*views[i], (char *)ws + pk.off[i], pk.dims[i],
-                                               a->head_dim, pk.dp, cu, a->batch, stream);
+        const cudaError_t err =
+            fc_cuda_unpack(*views[i], (char *)ws + pk.off[i], pk.dims[i], fc_cuda_pack_d(a, i),
+                           fc_cuda_pack_dp(pk, i), cu, a->batch, stream);
         if (err != cudaSuccess) return err;
     }
     return cudaSuccess;
@@ -232,6 +254,7 @@ fc_cuda_fwd_params fc_cuda_fwd_make_params(const fc_attn *a) {
     p.heads = (int32_t)a->heads;
     p.kv_group = (int32_t)(a->heads / a->kv_heads);
     p.head_dim = (int32_t)a->head_dim;
+    p.head_dim_v = (int32_t)a->head_dim_v;
     p.seqlen_q = (int32_t)a->max_seqlen_q;
     p.seqlen_k = (int32_t)a->max_seqlen_k;
     p.cu_seqlens_q = a->cu_seqlens_q;

@@ -74,13 +74,19 @@ flashc_status fc_cuda_grid_check(int64_t batch, int64_t heads, const char *heads
 // it (a list that FLASHC_CUDA_HEADDIMS trimmed may be empty).
 #define FC_DIM_ENTRY_(D) D,
 
+// The head dim an instance must cover: the larger of D (q, k) and Dv (v, out),
+// rounded up to 8. One instance runs both, each operand's columns past its own
+// head dim zero-filled (loads) or left out (stores).
+int64_t fc_cuda_d8(const fc_attn *a);
+
 // The smallest dim >= d of such a list (the instance that runs head dim d,
 // zero-padded), or 0 when d is above them all.
 int fc_dim_at_least(const int *dims, int64_t d);
 // The largest dim of such a list, or 0 when it is empty.
 int fc_dim_max(const int *dims);
-// FLASHC_ERR_UNSUPPORTED, with a message naming op ("forward", "backward"),
-// when a->head_dim rounded up to 8 is above every dim of such a list.
+// FLASHC_ERR_UNSUPPORTED, with a message naming op ("forward", "backward")
+// and the head dim at fault (D, or Dv when larger), when fc_cuda_d8(a) is
+// above every dim of such a list.
 flashc_status fc_dim_check(const fc_attn *a, const int *dims, const char *op);
 // fc_dim_check over the forward's sm80 list (fwd.cu); the forward and the
 // kvcache check it first.
@@ -113,16 +119,18 @@ __host__ __device__ inline int64_t fc_cuda_pack_elems(const fc_cuda_pack_dims &e
 }
 
 // 16-byte cp.async / vector stores: data 16-byte aligned, every stride a
-// multiple of 8 elements (2-byte dtypes), D a multiple of 8.
+// multiple of 8 elements (2-byte dtypes), the operand's head dim d a multiple of 8.
 bool fc_cuda_view_direct(const fc_view *v, int64_t d);
 
 // The operands a call may repack: the forward's q, k, v, out, and the
-// backward's dout, dk, dv besides.
+// backward's dout, dk, dv besides. q, k, dk have head dim D; v, out, dout, dv
+// have Dv.
 enum { FC_PACK_Q, FC_PACK_K, FC_PACK_V, FC_PACK_OUT, FC_PACK_DOUT, FC_PACK_DK, FC_PACK_DV, FC_PACK_N };
 
 // Which operands go through the workspace, their index spaces and its carving.
 typedef struct {
-    int64_t dp;                      // D rounded up to 8: the packed row length
+    int64_t dp;                      // D rounded up to 8: the packed row length of q, k, dk
+    int64_t dpv;                     // Dv rounded up to 8: that of v, out, dout, dv
     bool packed[FC_PACK_N];          // the operands in enum order (false: in place or absent)
     fc_cuda_pack_dims dims[FC_PACK_N];
     size_t off[FC_PACK_N];           // region offsets in the workspace
@@ -145,7 +153,8 @@ cudaError_t fc_cuda_pack_finish(const fc_attn *a, const fc_cuda_pack_plan &pk, v
 
 // ---- TMA descriptors (the warp-specialised family, ws_params.h) ----
 // The descriptor of operand v seen as the 4-d tensor (d, heads, n1, n0) of
-// dims e with d = dp columns (a multiple of 8), boxes of (64, box_heads,
+// dims e with d = dp columns (a multiple of 8; columns of a box past them read
+// as zeros, a box wholly past them too), boxes of (64, box_heads,
 // box_rows, 1) stored 128B-swizzled. False when the driver has no cuTensorMapEncodeTiled
 // or refuses the view (the repacked operands meet TMA's alignment and stride
 // rules, so a refusal is an error of the call).

@@ -183,19 +183,22 @@ done:
     gb_free(&ar);
 }
 
-/* Head dims past 256 (issue 20; the CPU backend takes them): D = 512 and MLA's
- * 576/512 on device memory under each family setting, refused with
+/* Head dims past 256 (issue 20; the CPU backend takes them): D = 512, MLA's
+ * 576/512 and a value head dim of 320 with D = 128 on device memory under each
+ * family setting, refused with
  * FLASHC_ERR_UNSUPPORTED by every query and run of the forward, the backward,
  * a decode step and an append alone (no query row): the size queries leave
  * *bytes alone and the poisoned outputs and cache stay poisoned. */
 FC_TEST(gpu_edge_head_dim_512_refused) {
-    static const int dims[2][2] = {{512, 512}, {576, 512}};
+    static const int dims[3][2] = {{512, 512}, {576, 512}, {128, 320}};
     static const char *const fams[2] = {"auto", "sm80"};
     const flashc_dtype bf = FLASHC_DTYPE_BF16;
-    for (int i = 0; i < 4; i++) {
-        const int64_t D = dims[i % 2][0], Dv = dims[i % 2][1], S = 4, H = 2;
-        const char *why = D == Dv ? "head_dim=512 but the CUDA backend's"
-                                  : "a value head dim other than the query/key head dim";
+    for (int i = 0; i < 6; i++) {
+        const int64_t D = dims[i % 3][0], Dv = dims[i % 3][1], S = 4, H = 2;
+        char why[96];
+        snprintf(why, sizeof why, "%s=%lld but the CUDA backend's",
+                 Dv > D ? "the value head_dim (v.shape[-1])" : "head_dim",
+                 (long long)(Dv > D ? Dv : D));
         const int64_t qs[4] = {1, S, H, D}, vs[4] = {1, S, H, Dv}, ls[3] = {1, H, S},
                       q0[4] = {1, 0, H, D}, o0[4] = {1, 0, H, Dv}, ns[4] = {1, 1, H, D},
                       nvs[4] = {1, 1, H, Dv}, one[1] = {1};
@@ -209,7 +212,7 @@ FC_TEST(gpu_edge_head_dim_512_refused) {
         gb_contig_strides(4, nvs, nvst);
         gb_contig_strides(1, one, onet);
         gb_family fam;
-        gb_family_enter(&fam, fams[i / 2]);
+        gb_family_enter(&fam, fams[i / 3]);
         gb_arena ar;
         memset(&ar, 0, sizeof ar);
         const size_t nq = (size_t)(S * H * D) * 2, nv = (size_t)(S * H * Dv) * 2;

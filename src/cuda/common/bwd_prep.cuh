@@ -2,8 +2,9 @@
 // (FlashAttention-2, Dao 2023, Algorithm 2, lines 4 and the final dQ write).
 //
 //   fc_bwd_pre_kernel   per query row (b, h, i): delta = rowsum(dout o out) in
-//                       fp32, lse2 = lse * log2(e) (+inf where lse = -inf: a
-//                       row that sees no key gets P = 0), and its dq_accum row
+//                       fp32 over the value head dim Dv, lse2 = lse * log2(e)
+//                       (+inf where lse = -inf: a row that sees no key gets
+//                       P = 0), and its dq_accum row
 //                       zeroed; pad rows (i >= sq, bwd_params.h) get lse2 =
 //                       +inf and delta = 0, so the main kernel's tiles read
 //                       them without a bounds test.
@@ -46,7 +47,7 @@ __global__ void __launch_bounds__(kFcBwdPrepThreads)
     const int64_t srow0 = (int64_t)h * p.rows + fc_bwd_row0(p, b, tok0);
     const T *o = static_cast<const T *>(f.o);
     const T *dout = static_cast<const T *>(p.dout);
-    const int chunks = f.head_dim / 8;
+    const int chunks = f.head_dim_v / 8;  // out and dout have Dv columns
     for (int i = blockIdx.x * kFcBwdPrepRows + (threadIdx.x >> 3);
          i < (blockIdx.x + 1) * kFcBwdPrepRows && i < pad_end; i += kFcBwdPrepThreads / 8) {
         float acc = 0.0f;
@@ -120,7 +121,8 @@ __global__ void __launch_bounds__(kFcBwdPrepThreads)
 
 // grid (ceil(max_seqlen_k / 128), Hk, B), block 256: one thread per (key row,
 // 16-byte chunk of the row), over the rows of sequence b's keys (every one of
-// them had a CTA per part: the main kernel returns only past the keys).
+// them had a CTA per part: the main kernel returns only past the keys); the
+// chunks of the wider of D (dk) and Dv (dv), each stored within its own.
 template <typename T>
 __global__ void __launch_bounds__(kFcBwdPrepThreads)
     fc_bwd_dkv_kernel(const __grid_constant__ fc_cuda_bwd_params p) {
@@ -133,7 +135,8 @@ __global__ void __launch_bounds__(kFcBwdPrepThreads)
         k_tok0 = s.start;
         sk = s.len;
     }
-    const int rows = min(kFcBwdPrepRows, sk - j0), chunks = f.head_dim / 8;
+    const int rows = min(kFcBwdPrepRows, sk - j0);
+    const int chunks = max(f.head_dim, f.head_dim_v) / 8;
     if (rows <= 0) return;
     const int64_t kv_heads = f.heads / f.kv_group;
     const int64_t row0 = (f.cu_seqlens_k ? 0 : (int64_t)b * f.seqlen_k) + k_tok0 + j0;
@@ -154,12 +157,14 @@ __global__ void __launch_bounds__(kFcBwdPrepThreads)
 #pragma unroll
         for (int x = 0; x < 8; ++x) ak[x] *= p.ds_scale;
         const int64_t tok = k_tok0 + j0 + r;
-        fc_st_global_v4(dk + (f.cu_seqlens_k ? 0 : (int64_t)b * p.dk_s_batch) + tok * p.dk_s_seq +
-                            hk * p.dk_s_head + ch * 8,
-                        fc_pack8<T>(ak));
-        fc_st_global_v4(dv + (f.cu_seqlens_k ? 0 : (int64_t)b * p.dv_s_batch) + tok * p.dv_s_seq +
-                            hk * p.dv_s_head + ch * 8,
-                        fc_pack8<T>(av));
+        if (ch * 8 < f.head_dim)
+            fc_st_global_v4(dk + (f.cu_seqlens_k ? 0 : (int64_t)b * p.dk_s_batch) +
+                                tok * p.dk_s_seq + hk * p.dk_s_head + ch * 8,
+                            fc_pack8<T>(ak));
+        if (ch * 8 < f.head_dim_v)
+            fc_st_global_v4(dv + (f.cu_seqlens_k ? 0 : (int64_t)b * p.dv_s_batch) +
+                                tok * p.dv_s_seq + hk * p.dv_s_head + ch * 8,
+                            fc_pack8<T>(av));
     }
 }
 

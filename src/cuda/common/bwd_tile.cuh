@@ -78,8 +78,8 @@ struct fc_bwd_block {
     }
 };
 
-// K and V rows j0 .. j0 + Bc - 1 of KV head hk (zero past the sequence's keys)
-// to the thread's addresses k_dst, v_dst and rows `step` bytes apart.
+// K and V rows j0 .. j0 + Bc - 1 of KV head hk (zero past the sequence's keys,
+// and past D, Dv) to the thread's addresses k_dst, v_dst and rows `step` bytes apart.
 template <class Ld, int Bc, typename T>
 __device__ __forceinline__ void fc_bwd_load_kv(const Ld &ld, const fc_cuda_bwd_params &p, int b,
                                                int hk, const fc_bwd_block &blk, uint32_t k_dst,
@@ -91,13 +91,13 @@ __device__ __forceinline__ void fc_bwd_load_kv(const Ld &ld, const fc_cuda_bwd_p
     kv.v_base = blk.k_tok0 * f.v_s_seq + (f.cu_seqlens_k ? 0 : (int64_t)b * f.v_s_batch) +
                 (int64_t)hk * f.v_s_head;
     ld.template load_kv<Bc>(k_dst, step, static_cast<const T *>(f.k), kv.k_base, 0, f.k_s_seq,
-                            blk.j0, kv, 0);  // not paged
+                            blk.j0, kv, 0, false);  // not paged
     ld.template load_kv<Bc>(v_dst, step, static_cast<const T *>(f.v), kv.v_base, 0, f.v_s_seq,
-                            blk.j0, kv, 0);
+                            blk.j0, kv, 0, true);
 }
 
 // Iteration `it`'s query block (h0: the CTA's first query head; Q and dO rows
-// of its head, zero past the sequence's rows; lse2 and delta) into ring slot
+// of its head, zero past the sequence's rows and past D, Dv; lse2 and delta) into ring slot
 // it % QS: Q at sQ + slot * q_bytes + dst(row, ch) for the thread's first row
 // and chunk, rows `step` bytes apart, dO likewise at sdO, lse2 and delta to
 // the fp32 arrays sLse, sDelta [QS][Br]. One cp.async commit, empty past the
@@ -113,7 +113,7 @@ __device__ __forceinline__ void fc_bwd_load_q(const fc_cuda_bwd_params &p, int b
         int h, m;
         blk.iter_hm(it, h0, &h, &m);
         const int m0 = m * Br;
-        const Ld ld(tid, f.head_dim, min(Br, blk.sq - m0), blk.sk);
+        const Ld ld(tid, f.head_dim, f.head_dim_v, min(Br, blk.sq - m0), blk.sk);
         const uint32_t slot = (uint32_t)(it % QS), off = slot * q_bytes + dst(ld.row, ld.ch);
         const int64_t tok = blk.q_tok0 + m0;
         const int64_t qb = (f.cu_seqlens_q ? 0 : (int64_t)b * f.q_s_batch) + tok * f.q_s_seq +
@@ -121,7 +121,8 @@ __device__ __forceinline__ void fc_bwd_load_q(const fc_cuda_bwd_params &p, int b
         const int64_t db = (f.cu_seqlens_q ? 0 : (int64_t)b * p.do_s_batch) + tok * p.do_s_seq +
                            (int64_t)h * p.do_s_head;
         ld.template load_q<Br>(sQ + off, step, static_cast<const T *>(f.q), qb, f.q_s_seq);
-        ld.template load_q<Br>(sdO + off, step, static_cast<const T *>(p.dout), db, p.do_s_seq);
+        ld.template load_q<Br>(sdO + off, step, static_cast<const T *>(p.dout), db, p.do_s_seq,
+                               true);
         const int64_t srow = (int64_t)h * p.rows + blk.row0(p, b) + m0;
         for (int r = tid; r < Br; r += NTH) {
             fc_cp_async_4(sLse + (slot * Br + r) * 4, p.lse2 + srow + r);
@@ -133,8 +134,8 @@ __device__ __forceinline__ void fc_bwd_load_q(const fc_cuda_bwd_params &p, int b
 
 // dK and dV of the block, already in shared memory at sK + off(r, ch) and
 // sV + off(r, ch) (16-byte chunk ch of row r, 16-bit), to the caller's rows
-// with 16-byte stores; rows past the sequence and chunks past head_dim are
-// left out. The CTA's NTH threads share the rows.
+// with 16-byte stores; rows past the sequence and chunks past head_dim (dK)
+// or head_dim_v (dV) are left out. The CTA's NTH threads share the rows.
 template <typename T, int Bc, int CH, int NTH, class Off>
 __device__ __forceinline__ void fc_bwd_store_dkdv(const fc_cuda_bwd_params &p, int b, int hk,
                                                   const fc_bwd_block &blk, int tid, uint32_t sK,
@@ -147,12 +148,13 @@ __device__ __forceinline__ void fc_bwd_store_dkdv(const fc_cuda_bwd_params &p, i
                             (blk.k_tok0 + blk.j0) * p.dv_s_seq + (int64_t)hk * p.dv_s_head;
     for (int idx = tid; idx < Bc * CH; idx += NTH) {
         const int r = idx / CH, ch = idx % CH;
-        if (r < blk.kv_rows && ch * 8 < f.head_dim) {
+        if (r >= blk.kv_rows) continue;
+        if (ch * 8 < f.head_dim)
             fc_st_global_v4(dk + dk_base + (int64_t)r * p.dk_s_seq + ch * 8,
                             fc_ld_shared_v4(sK + off(r, ch)));
+        if (ch * 8 < f.head_dim_v)
             fc_st_global_v4(dv + dv_base + (int64_t)r * p.dv_s_seq + ch * 8,
                             fc_ld_shared_v4(sV + off(r, ch)));
-        }
     }
 }
 

@@ -122,7 +122,8 @@ struct fc_fwd_seq {
 // Thread tid copies 16-byte chunk ch = tid % TPR of tile rows row + c * RPP
 // (row = tid / TPR, c = 0, 1, ... while the row is below ROWS; the last pass
 // may be partial when RPP does not divide ROWS) to shared address dst + c * step.
-// Chunks past the problem's head dim and rows past the valid ones are
+// Chunks past the operand's head dim (D for q, k; Dv for the value-dim
+// operands: v, and dout on the query side) and rows past the valid ones are
 // zero-filled (cp.async src-size 0); a thread whose chunk is past the
 // instance's row (TPR > CH, a padded D) copies nothing. The caller commits.
 template <typename T, int NTH, int CH>
@@ -142,38 +143,46 @@ struct fc_tile_loader {
     int ch, row;
     bool active;        // the chunk is inside the instance's row
     int q_lim, kv_lim;  // row + c * RPP of a tile at j0 is copied iff j0 + c * RPP < lim
+    int o_lim, v_lim;   // the same for the value head dim (q-like dout, and v)
 
-    __device__ __forceinline__ fc_tile_loader(int tid, int head_dim, int q_rows, int sk) {
+    __device__ __forceinline__ fc_tile_loader(int tid, int head_dim, int head_dim_v, int q_rows,
+                                              int sk) {
         ch = tid % TPR;
         row = tid / TPR;
         active = TPR == CH || ch < CH;
-        const bool in_dim = ch * 8 < head_dim;
+        const bool in_dim = ch * 8 < head_dim, in_dim_v = ch * 8 < head_dim_v;
         q_lim = in_dim ? q_rows - row : INT_MIN;
         kv_lim = in_dim ? sk - row : INT_MIN;
+        o_lim = in_dim_v ? q_rows - row : INT_MIN;
+        v_lim = in_dim_v ? sk - row : INT_MIN;
     }
 
-    // The query tile: row r at q + q_base + r * s_seq.
+    // The query tile: row r at q + q_base + r * s_seq; value: an operand of
+    // the value head dim (dout).
     template <int ROWS>
     __device__ __forceinline__ void load_q(uint32_t dst, uint32_t step, const T *q, int64_t q_base,
-                                           int64_t s_seq) const {
+                                           int64_t s_seq, bool value = false) const {
         if (!active) return;
+        const int lim = value ? o_lim : q_lim;
         const T *src = q + q_base + (int64_t)row * s_seq + ch * 8;
         const int64_t jump = (int64_t)RPP * s_seq;
 #pragma unroll
         for (int c = 0; c < passes<ROWS>(); ++c, src += jump) {
             if (!in_tile<ROWS>(c)) break;
-            const bool ok = c * RPP < q_lim;
+            const bool ok = c * RPP < lim;
             fc_cp_async_16(dst + c * step, ok ? src : q, ok);
         }
     }
 
-    // Key (or value) rows j0 .. j0 + ROWS - 1 of operand `base` (kv.offset;
-    // pages: the cache's, when paged).
+    // Key rows (value: value rows, of the value head dim) j0 .. j0 + ROWS - 1
+    // of operand `base` (kv.offset; pages: the cache's, when paged).
     template <int ROWS>
     __device__ __forceinline__ void load_kv(uint32_t dst, uint32_t step, const T *base,
                                             int64_t op_base, int64_t s_batch, int64_t s_seq,
-                                            int j0, const fc_kv_rows &kv, int pages) const {
+                                            int j0, const fc_kv_rows &kv, int pages,
+                                            bool value) const {
         if (!active) return;
+        const int lim = value ? v_lim : kv_lim;
         op_base += ch * 8;
         if (!kv.bt) {
             // contiguous rows: one pointer, stepped by RPP rows
@@ -182,7 +191,7 @@ struct fc_tile_loader {
 #pragma unroll
             for (int c = 0; c < passes<ROWS>(); ++c, src += jump) {
                 if (!in_tile<ROWS>(c)) break;
-                const bool ok = j0 + c * RPP < kv_lim;
+                const bool ok = j0 + c * RPP < lim;
                 fc_cp_async_16(dst + c * step, ok ? src : base, ok);
             }
         } else {
@@ -190,7 +199,7 @@ struct fc_tile_loader {
 #pragma unroll
             for (int c = 0; c < passes<ROWS>(); ++c) {
                 if (!in_tile<ROWS>(c)) break;
-                const bool ok = j0 + c * RPP < kv_lim;
+                const bool ok = j0 + c * RPP < lim;
                 const int j = j0 + row + c * RPP;
                 const T *src = ok ? base + kv.offset(j, op_base, s_batch, s_seq, pages) : base;
                 fc_cp_async_16(dst + c * step, src, ok);
@@ -206,10 +215,10 @@ __device__ __forceinline__ void fc_load_kv_tile(const Ld &ld, uint32_t dst, uint
                                                 int j0) {
     if (is_v)
         ld.template load_kv<ROWS>(dst, step, static_cast<const T *>(p.v), seq.kv.v_base,
-                                  p.v_s_batch, p.v_s_seq, j0, seq.kv, p.total_k);
+                                  p.v_s_batch, p.v_s_seq, j0, seq.kv, p.total_k, true);
     else
         ld.template load_kv<ROWS>(dst, step, static_cast<const T *>(p.k), seq.kv.k_base,
-                                  p.k_s_batch, p.k_s_seq, j0, seq.kv, p.total_k);
+                                  p.k_s_batch, p.k_s_seq, j0, seq.kv, p.total_k, false);
 }
 
 // ---- launching a kernel (forward or backward) ----
@@ -241,7 +250,7 @@ __device__ __forceinline__ void fc_fwd_store_empty(const fc_cuda_fwd_params &p, 
     T *o = static_cast<T *>(p.o);
     for (int idx = tid; idx < BR * CH; idx += NTH) {
         const int r = idx / CH, ch = idx % CH;
-        if (r < seq.rows && ch * 8 < p.head_dim)
+        if (r < seq.rows && ch * 8 < p.head_dim_v)
             *reinterpret_cast<uint4 *>(o + seq.o_base + (int64_t)r * p.o_s_seq + ch * 8) =
                 make_uint4(0u, 0u, 0u, 0u);
     }

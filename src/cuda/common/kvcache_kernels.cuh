@@ -48,14 +48,14 @@ __device__ __forceinline__ __half fc_elem_from_float<__half>(float x) {
 }
 
 // ---- the prep kernel ----
-// y[0 .. D) = x rotated at position pos over its first rotary_dim entries (a
+// y[0 .. d) = x rotated at position pos over its first rotary_dim entries (a
 // copy past them, or everywhere without rotary), by the 32 lanes of a warp.
 template <typename T>
 __device__ __forceinline__ void fc_rotate_row(const fc_cuda_kvprep_params &p, const T *x, T *y,
-                                              int64_t pos, bool rotate, int lane) {
+                                              int d, int64_t pos, bool rotate, int lane) {
     const int rot = rotate ? p.rotary_dim : 0, half = rot / 2;
     pos = min(pos, (int64_t)p.rotary_rows - 1);  // the table's last row past its end
-    for (int e = lane; e < p.head_dim; e += 32) {
+    for (int e = lane; e < d; e += 32) {
         if (e >= rot) {
             y[e] = x[e];
             continue;
@@ -117,8 +117,8 @@ __global__ void __launch_bounds__(256)
                           hk * p.vn_s_head;
             T *ky = static_cast<T *>(p.k_cache) + kdst + hk * p.kc_s_head;
             T *vy = static_cast<T *>(p.v_cache) + vdst + hk * p.vc_s_head;
-            fc_rotate_row<T>(p, kx, ky, r, true, lane);
-            fc_rotate_row<T>(p, vx, vy, 0, false, lane);
+            fc_rotate_row<T>(p, kx, ky, p.head_dim, r, true, lane);
+            fc_rotate_row<T>(p, vx, vy, p.head_dim_v, 0, false, lane);
         } else if (job < p.n_append + p.n_q) {
             // (b, i, h): q row rotated into the dense copy
             const int64_t jq = job - p.n_append;
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(256)
             const T *x =
                 static_cast<const T *>(p.q) + b * p.q_s_batch + i * p.q_s_seq + h * p.q_s_head;
             T *y = static_cast<T *>(p.q_rot) + jq * p.head_dim;
-            fc_rotate_row<T>(p, x, y, pos, true, lane);
+            fc_rotate_row<T>(p, x, y, p.head_dim, pos, true, lane);
         } else {
             const int b = (int)((job - p.n_append - p.n_q) * 32) + lane;
             if (b < p.batch) {
@@ -192,14 +192,14 @@ __global__ void __launch_bounds__(32 * FC_COMBINE_WARPS)
     }
     __syncwarp();
 
-    // lane handles columns 8 lane .. 8 lane + 7 (head_dim <= 256)
+    // lane handles columns 8 lane .. 8 lane + 7 of out (head_dim_v <= 256)
     const int c0 = 8 * lane;
-    if (c0 < p.f.head_dim) {
+    if (c0 < p.f.head_dim_v) {
         float acc[8];
 #pragma unroll
         for (int x = 0; x < 8; ++x) acc[x] = 0.0f;
-        const float *src = p.o_accum + row * p.f.head_dim + c0;
-        const int64_t step = per_split * p.f.head_dim;
+        const float *src = p.o_accum + row * p.f.head_dim_v + c0;
+        const int64_t step = per_split * p.f.head_dim_v;
 #pragma unroll 4
         for (int s = 0; s < p.splits; ++s) fc_axpy8(acc, s_w[warp][s], src + s * step);
         fc_st_global_v4(static_cast<T *>(p.f.o) + (int64_t)b * p.f.o_s_batch +

@@ -2,10 +2,11 @@
 // (included by plan.cu only).
 //
 // The kernels need 16-byte aligned data, strides that are multiples of 8
-// elements and D a multiple of 8. An operand that misses one is copied into a
-// dense, zero-padded workspace buffer [n0, n1, heads, dp] (dp = D rounded up
-// to 8) and the kernel reads that; `out` is written to such a buffer and the
-// first D columns are copied back. The index space (n0, n1) is the operand's
+// elements and a head dim that is a multiple of 8. An operand that misses one
+// is copied into a dense, zero-padded workspace buffer [n0, n1, heads, dp]
+// (dp = its own head dim d rounded up to 8: D for q, k, dk, Dv for v, out,
+// dout, dv) and the kernel reads that; `out` is written to such a buffer and
+// the first d columns are copied back. The index space (n0, n1) is the operand's
 // own first two axes, so every layout of fc_attn maps onto it unchanged:
 //   batched q/out [B, Sq], k/v [B, Sk]; varlen [1, total] (s_batch 0, rows by
 //   token index); paged k/v [pages, page_size] (pages copied as pages).

@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(fc_sm80_bwd_traits<D>::kThreads)
 
     // ---- K, V once ----
     {
-        const Ld ld(tid, f.head_dim, Bc, sk);
+        const Ld ld(tid, f.head_dim, f.head_dim_v, Bc, sk);
         const uint32_t dst = ld.row * RBD + ld.ch * 16;
         fc_bwd_load_kv<Ld, Bc, T>(ld, p, b, hk, blk, sK + dst, sV + dst, LD_STEP);
     }

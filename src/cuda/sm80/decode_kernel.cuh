@@ -28,8 +28,9 @@
 // copies of tile n, a full iteration before they are needed, so the block_table
 // latency never stalls the copies. Contiguous caches step one pointer per row.
 //
-// Keys past the sequence, and columns past the problem's head dim, are
-// zero-filled (cp.async src-size 0): never read, and 0 * P cannot make a NaN.
+// Keys past the sequence, and columns past the operand's head dim (D for Q
+// and K, Dv for V), are zero-filled (cp.async src-size 0): never read, and
+// 0 * P cannot make a NaN. The output's first Dv columns are written.
 // Masks (causal / window, common/mask.cuh) and ALiBi use each packed row's own
 // query index and head; key tiles no row of the CTA sees are never loaded.
 //
@@ -141,7 +142,9 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
     const int ld_ch = tid % TPR, ld_row = tid / TPR;
     const bool ld_in_row = TPR == CH || ld_ch < CH;
     // row ld_row + c * RPP of a tile starting at key j0 is copied iff j0 + c * RPP < kv_lim
+    // (K; v_lim: V, of the value head dim)
     const int kv_lim = ld_ch * 8 < p.f.head_dim ? sk - ld_row : INT_MIN;
+    const int v_lim = ld_ch * 8 < p.f.head_dim_v ? sk - ld_row : INT_MIN;
     // pass 0's destination, and pass c's offset from it: c * RPP rows on (the
     // swizzled chunk moves too when RPP is not a multiple of 8)
     const uint32_t ld_dst = ld_row * RB + (ld_ch ^ swz(ld_row)) * 16;
@@ -176,9 +179,9 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
                                   vstep = (int64_t)RPP * p.f.v_s_seq;
 #pragma unroll
                     for (int c = 0; c < PASSES; ++c, ks += kstep, vs += vstep) {
-                        const bool ok = j0 + c * RPP < kv_lim;
+                        const bool ok = j0 + c * RPP < kv_lim, ok_v = j0 + c * RPP < v_lim;
                         fc_cp_async_16(dk + ld_pass(c), ok ? ks : k, ok);
-                        fc_cp_async_16(dv + ld_pass(c), ok ? vs : v, ok);
+                        fc_cp_async_16(dv + ld_pass(c), ok_v ? vs : v, ok_v);
                     }
                 }
             } else {
@@ -187,13 +190,13 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
                     const fc_paged_row pr = {__shfl_sync(0xffffffffu, pg_page, pg_src + c),
                                              __shfl_sync(0xffffffffu, pg_in, pg_src + c)};
                     if (ld_in_row) {
-                        const bool ok = j0 + c * RPP < kv_lim;
+                        const bool ok = j0 + c * RPP < kv_lim, ok_v = j0 + c * RPP < v_lim;
                         const T *ks =
                             k + pr.offset(k_base, p.f.k_s_batch, p.f.k_s_seq) + ld_ch * 8;
                         const T *vs =
                             v + pr.offset(v_base, p.f.v_s_batch, p.f.v_s_seq) + ld_ch * 8;
                         fc_cp_async_16(dk + ld_pass(c), ok ? ks : k, ok);
-                        fc_cp_async_16(dv + ld_pass(c), ok ? vs : v, ok);
+                        fc_cp_async_16(dv + ld_pass(c), ok_v ? vs : v, ok_v);
                     }
                 }
                 lookup(n + 1);
@@ -359,7 +362,7 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
     T *o = static_cast<T *>(p.f.o);
     for (int e = tid; e < Br * CH; e += NTH) {
         const int r = e / CH, ch = e % CH;
-        if (r >= rows || ch * 8 >= p.f.head_dim) continue;
+        if (r >= rows || ch * 8 >= p.f.head_dim_v) continue;
         float mx = -INFINITY;
 #pragma unroll
         for (int w = 0; w < W; ++w) mx = fmaxf(mx, sM[w * Br + r]);
@@ -396,7 +399,7 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
                         (int64_t)i * p.f.lse_s_seq] = lse;
         } else {
             const int64_t prow = ((int64_t)split * p.f.batch * p.kv_heads + bh) * p.rows + R;
-            float4 *dst = reinterpret_cast<float4 *>(p.o_accum + prow * p.f.head_dim + ch * 8);
+            float4 *dst = reinterpret_cast<float4 *>(p.o_accum + prow * p.f.head_dim_v + ch * 8);
             dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
             dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
             if (ch == 0) p.lse_accum[prow] = lse;

@@ -20,7 +20,8 @@
 // interleave; with one stage also under softmax(S(n)), FA2's order: the second
 // wait comes right after the masks) plus kStages - 1 tiles of prefetch. Shared
 // rows are padded by 16 bytes (traits.h) so ldmatrix is conflict-free. Loads past the sequence or
-// past the problem's head dim are zero-filled (cp.async src-size 0). The output
+// past the operand's head dim (D for Q and K, Dv for V) are zero-filled
+// (cp.async src-size 0); the output's first Dv columns are stored. The output
 // goes through this warp's Q rows in shared memory to 16-byte global stores.
 //
 // Key tiles run from the last visible one down to the first (FA2 order: the
@@ -86,7 +87,7 @@ __global__ void __launch_bounds__(fc_sm80_fwd_traits<D>::kThreads)
     // ---- global -> shared loads (one cp.async group each) ----
     // Padded rows: the thread's first chunk at row * RB + ch * 16, RPP rows a pass.
     using Ld = fc_tile_loader<T, NTH, CH>;
-    const Ld ld(tid, p.head_dim, rows, seq.sk);
+    const Ld ld(tid, p.head_dim, p.head_dim_v, rows, seq.sk);
     const uint32_t ld_dst = ld.row * RB + ld.ch * 16;
     constexpr uint32_t LD_STEP = Ld::RPP * RB;
     // K or V of iteration `it` (key tile n_hi - 1 - it) into ring slot it % S;
@@ -273,7 +274,7 @@ __global__ void __launch_bounds__(fc_sm80_fwd_traits<D>::kThreads)
 #pragma unroll
     for (int c = 0; c < RW * CH / 32; ++c) {
         const int idx = lane + 32 * c, r = wrow + idx / CH, ch = idx % CH;
-        if (r < rows && ch * 8 < p.head_dim)
+        if (r < rows && ch * 8 < p.head_dim_v)
             fc_st_global_v4(o + seq.o_base + (int64_t)r * p.o_s_seq + ch * 8,
                             fc_ld_shared_v4(sQ + r * RB + ch * 16));
     }

@@ -206,7 +206,7 @@ struct fc_sm90_bwd_cta {
     // ---- stage: tile loads (cp.async) ----
     // K, V of the block, once.
     __device__ __forceinline__ void load_kv(const fc_cuda_bwd_params &p) const {
-        const Ld ld(tid, p.f.head_dim, Bc, blk.sk);
+        const Ld ld(tid, p.f.head_dim, p.f.head_dim_v, Bc, blk.sk);
         const uint32_t dst = fc_sw128_offset(Bc, ld.row, ld.ch);
         fc_bwd_load_kv<Ld, Bc, T>(ld, p, b, y / p.kv_split, blk, sK + dst, sV + dst, LD_STEP);
     }

@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(fc_sm90_fwd_traits<D>::kThreads,
     // sit at one swizzled position, RPP * 128 bytes apart.
     using Ld = fc_tile_loader<T, NTH, CH>;
     static_assert(Ld::RPP % 8 == 0, "loader rows must keep the swizzle phase");
-    const Ld ld(tid, p.head_dim, rows, seq.sk);
+    const Ld ld(tid, p.head_dim, p.head_dim_v, rows, seq.sk);
     constexpr uint32_t LD_STEP = Ld::RPP * 128;
     const uint32_t kv_dst = fc_sw128_offset(Bc, ld.row, ld.ch);
     // K or V of iteration `it` (key tile n_hi - 1 - it) into ring slot it % S;
@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(fc_sm90_fwd_traits<D>::kThreads,
 #pragma unroll
     for (int c = 0; c < 64 * CH / 128; ++c) {
         const int idx = wtid + 128 * c, r = wg * 64 + idx / CH, ch = idx % CH;
-        if (r < rows && ch * 8 < p.head_dim)
+        if (r < rows && ch * 8 < p.head_dim_v)
             fc_st_global_v4(o + seq.o_base + (int64_t)r * p.o_s_seq + ch * 8,
                             fc_ld_shared_v4(sQ + fc_sw128_offset(Br, r, ch)));
     }

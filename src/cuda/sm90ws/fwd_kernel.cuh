@@ -170,7 +170,7 @@ __device__ __forceinline__ void fc_ws_store_empty(const fc_cuda_fwd_params &p, i
     T *o = static_cast<T *>(p.o);
     for (int idx = tid; idx < BR * CH; idx += NTH) {
         const int r = idx / CH, ch = idx % CH;
-        if (r < seq.rows && ch * 8 < p.head_dim)
+        if (r < seq.rows && ch * 8 < p.head_dim_v)
             *reinterpret_cast<uint4 *>(o + seq.o_base + fc_ws_row_offset(sh, r, p.o_s_seq, p.o_s_head) +
                                        ch * 8) = make_uint4(0u, 0u, 0u, 0u);
     }
@@ -491,7 +491,7 @@ __global__ void __launch_bounds__(fc_sm90ws_fwd_traits<D, kShort>::kThreads, 1)
 #pragma unroll
         for (int c = 0; c < 64 * CH / 128; ++c) {
             const int idx = wtid + 128 * c, r = wg * 64 + idx / CH, ch = idx % CH;
-            if (r < rows && ch * 8 < p.head_dim)
+            if (r < rows && ch * 8 < p.head_dim_v)
                 fc_st_global_v4(o + seq.o_base + fc_ws_row_offset(sh, r, p.o_s_seq, p.o_s_head) + ch * 8,
                                 fc_ld_shared_v4(sQ + fc_sw128_offset(Br, r, ch)));
         }
