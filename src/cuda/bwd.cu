@@ -296,21 +296,18 @@ extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes
         return fc_set_error(FLASHC_ERR_CUDA, "sm%d_bwd_kernel<D=%d, %s, causal=%d> launch: %s",
                             pl.family, pl.dim, bf16 ? "bf16" : "fp16", (int)pl.causal,
                             cudaGetErrorString(e));
+    // behind the sm90 main kernel (a programmatic dependent launch itself) the
+    // dKV and dQ kernels are too: they start during its last wave, and wait
+    const bool pdl = pl.family == FC_FAMILY_SM90;
     if (pl.kv_split > 1) {
         const dim3 kv_grid((unsigned)((a->max_seqlen_k + kFcBwdPrepRows - 1) / kFcBwdPrepRows),
                            (unsigned)a->kv_heads, (unsigned)a->batch);
-        if (bf16)
-            fc_bwd_dkv_kernel<__nv_bfloat16><<<kv_grid, kFcBwdPrepThreads, 0, stream>>>(p);
-        else
-            fc_bwd_dkv_kernel<__half><<<kv_grid, kFcBwdPrepThreads, 0, stream>>>(p);
-        FC_CUDA_TRY(cudaGetLastError());
+        FC_CUDA_TRY(fc_launch(bf16 ? fc_bwd_dkv_kernel<__nv_bfloat16> : fc_bwd_dkv_kernel<__half>,
+                              kv_grid, dim3(kFcBwdPrepThreads), 0, stream, pdl, p));
     }
     if (prep_grid.x > 0) {
-        if (bf16)
-            fc_bwd_dq_kernel<__nv_bfloat16><<<prep_grid, kFcBwdPrepThreads, 0, stream>>>(p);
-        else
-            fc_bwd_dq_kernel<__half><<<prep_grid, kFcBwdPrepThreads, 0, stream>>>(p);
-        FC_CUDA_TRY(cudaGetLastError());
+        FC_CUDA_TRY(fc_launch(bf16 ? fc_bwd_dq_kernel<__nv_bfloat16> : fc_bwd_dq_kernel<__half>,
+                              prep_grid, dim3(kFcBwdPrepThreads), 0, stream, pdl, p));
     }
     FC_CUDA_TRY(fc_cuda_pack_finish(a, pl.pk, pack_ws, {FC_PACK_DK, FC_PACK_DV}, stream));
     return FLASHC_OK;

@@ -109,6 +109,7 @@ typedef struct {
     int rows;     // packed rows per (b, hk): Sq * H / Hk
     int m_blocks; // ceil(rows / 16)
     int splits;   // key splits of step 2a
+    bool pdl;     // the combine as a programmatic dependent launch (sm_90+)
     size_t off[FC_KVW_N];
     size_t bytes; // the workspace needed
 } fc_cuda_kv_plan;
@@ -157,6 +158,7 @@ static flashc_status fc_cuda_kv_plan_make(const fc_kvcache *kc, fc_cuda_kv_plan 
                  fc_cuda_view_direct(&att.v, a->head_dim_v) &&
                  fc_cuda_view_direct(&att.out, a->head_dim_v);
     if (pl->decode) {
+        pl->pdl = dv.major >= 9;
         pl->rows = (int)rows;
         pl->m_blocks = (int)((rows + 15) / 16);
         const int64_t ctas = a->batch * a->kv_heads * pl->m_blocks;
@@ -304,7 +306,8 @@ extern "C" flashc_status fc_cuda_kvcache(const fc_kvcache *kc, void *ws, size_t 
         return fc_set_error(FLASHC_ERR_CUDA, "sm80_decode_kernel<D=%d, %s> launch: %s", pl.dim,
                             bf16 ? "bf16" : "fp16", cudaGetErrorString(e));
     if (pl.splits > 1) {
-        e = bf16 ? fc_decode_combine<__nv_bfloat16>(p, stream) : fc_decode_combine<__half>(p, stream);
+        e = bf16 ? fc_decode_combine<__nv_bfloat16>(p, pl.pdl, stream)
+                 : fc_decode_combine<__half>(p, pl.pdl, stream);
         if (e != cudaSuccess)
             return fc_set_error(FLASHC_ERR_CUDA, "fc_decode_combine_kernel launch: %s",
                                 cudaGetErrorString(e));

@@ -21,7 +21,9 @@
 // The first two run over (128-row blocks, H, B), the dKV kernel over
 // (128-row blocks, Hk, B); a row that lies past its sequence is skipped. out
 // and dout are read with 16-byte loads: bwd.cu hands them in place only when
-// aligned (else a repacked copy).
+// aligned (else a repacked copy). Behind the sm90 main kernel the dKV and dQ
+// kernels are programmatic dependent launches (ptx.cuh fc_pdl_wait): their
+// CTAs start while its last ones run and wait for its end.
 #ifndef FLASHC_CUDA_BWD_PREP_CUH
 #define FLASHC_CUDA_BWD_PREP_CUH
 
@@ -39,6 +41,7 @@
 template <typename T>
 __global__ void __launch_bounds__(kFcBwdPrepThreads)
     fc_bwd_pre_kernel(const __grid_constant__ fc_cuda_bwd_params p) {
+    fc_pdl_launch_dependents();  // the sm90 main kernel: its CTAs may start (and wait)
     const fc_cuda_fwd_params &f = p.f;
     const int b = blockIdx.z, h = blockIdx.y, lane8 = threadIdx.x & 7;
     int sq, tok0;
@@ -93,6 +96,7 @@ __global__ void __launch_bounds__(kFcBwdPrepThreads)
 template <typename T>
 __global__ void __launch_bounds__(kFcBwdPrepThreads)
     fc_bwd_dq_kernel(const __grid_constant__ fc_cuda_bwd_params p) {
+    fc_pdl_wait();  // launched behind the main kernel (sm90): its dq_accum
     const int b = blockIdx.z, h = blockIdx.y;
     int sq, tok0;
     fc_bwd_q_seq(p, b, &sq, &tok0);
@@ -126,6 +130,8 @@ __global__ void __launch_bounds__(kFcBwdPrepThreads)
 template <typename T>
 __global__ void __launch_bounds__(kFcBwdPrepThreads)
     fc_bwd_dkv_kernel(const __grid_constant__ fc_cuda_bwd_params p) {
+    fc_pdl_launch_dependents();  // the dQ kernel
+    fc_pdl_wait();               // the main kernel's parts
     const fc_cuda_fwd_params &f = p.f;
     const int b = blockIdx.z, hk = blockIdx.y, j0 = blockIdx.x * kFcBwdPrepRows;
     int64_t k_tok0 = 0;
@@ -174,6 +180,7 @@ __global__ void __launch_bounds__(kFcBwdPrepThreads)
 __global__ void __launch_bounds__(kFcBwdPrepThreads)
     fc_bwd_dsink_kernel(const __grid_constant__ fc_cuda_bwd_params p) {
     __shared__ float s_part[kFcBwdPrepThreads / 32];
+    fc_pdl_launch_dependents();  // the sm90 main kernel (it waits for this one's end)
     const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float s2 = p.f.sink[(int64_t)h * p.f.sink_s] * p.log2e;
     float acc = 0.0f;

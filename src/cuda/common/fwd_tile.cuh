@@ -223,11 +223,13 @@ __device__ __forceinline__ void fc_load_kv_tile(const Ld &ld, uint32_t dst, uint
 
 // ---- launching a kernel (forward or backward) ----
 // Raise `kernel`'s dynamic shared memory limit to `smem` once per device (bit
-// d of *smem_set), then launch it on `stream` with the argument struct p.
+// d of *smem_set), then launch it on `stream` with the argument struct p; pdl:
+// as a programmatic dependent launch (ptx.cuh fc_pdl_wait: the kernel waits
+// for the one before it; only for devices of compute capability 9.0 and later).
 // Returns the launch's cudaError_t; never synchronises.
 template <typename Kernel, typename Params>
 cudaError_t fc_launch_kernel(Kernel kernel, std::atomic<uint64_t> *smem_set, int smem, int threads,
-                             dim3 grid, cudaStream_t stream, const Params &p) {
+                             dim3 grid, cudaStream_t stream, const Params &p, bool pdl) {
     if (smem > 48 * 1024) {
         int dev = 0;
         cudaError_t e = cudaGetDevice(&dev);
@@ -239,8 +241,7 @@ cudaError_t fc_launch_kernel(Kernel kernel, std::atomic<uint64_t> *smem_set, int
             smem_set->fetch_or(bit, std::memory_order_relaxed);
         }
     }
-    kernel<<<grid, threads, smem, stream>>>(p);
-    return cudaGetLastError();
+    return fc_launch(kernel, grid, dim3(threads), smem, stream, pdl, p);
 }
 
 // ---- a tile of head h whose rows see no key: out = 0, lse = -inf (the sink with one) ----

@@ -155,6 +155,7 @@ __global__ void __launch_bounds__(32 * FC_COMBINE_WARPS)
     fc_decode_combine_kernel(const __grid_constant__ fc_cuda_decode_params p) {
     __shared__ float s_w[FC_COMBINE_WARPS][FC_COMBINE_MAX_SPLITS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    fc_pdl_wait();  // the decode kernel's partials
     const int64_t per_split = (int64_t)p.f.batch * p.kv_heads * p.rows;  // rows of one split
     const int64_t row = (int64_t)blockIdx.x * FC_COMBINE_WARPS + warp;   // (b * Hk + hk) * rows + R
     if (row >= per_split) return;  // whole warps only; no block-wide barrier follows
@@ -225,15 +226,19 @@ static cudaError_t fc_kvcache_prep(const fc_cuda_kvprep_params &p, cudaStream_t 
     return cudaGetLastError();
 }
 
-// Launch the combine of p.splits partials on stream.
+// Launch the combine of p.splits partials on stream, right behind the decode
+// kernel. pdl (a device of compute capability 9.0 or later): as a programmatic
+// dependent launch, so its CTAs start while the decode kernel's last ones run
+// and wait in the kernel (fc_pdl_wait) rather than behind a launch.
 template <typename T>
-static cudaError_t fc_decode_combine(const fc_cuda_decode_params &p, cudaStream_t stream) {
+static cudaError_t fc_decode_combine(const fc_cuda_decode_params &p, bool pdl,
+                                     cudaStream_t stream) {
     const int64_t rows = (int64_t)p.f.batch * p.kv_heads * p.rows;
     const int64_t blocks = (rows + FC_COMBINE_WARPS - 1) / FC_COMBINE_WARPS;
-    FC_LOG("fc_decode_combine_kernel: rows=%lld num_splits=%d grid=%lld block=%d smem=0",
-           (long long)rows, p.splits, (long long)blocks, 32 * FC_COMBINE_WARPS);
-    fc_decode_combine_kernel<T><<<(unsigned)blocks, 32 * FC_COMBINE_WARPS, 0, stream>>>(p);
-    return cudaGetLastError();
+    FC_LOG("fc_decode_combine_kernel: rows=%lld num_splits=%d grid=%lld block=%d smem=0 pdl=%d",
+           (long long)rows, p.splits, (long long)blocks, 32 * FC_COMBINE_WARPS, (int)pdl);
+    return fc_launch(fc_decode_combine_kernel<T>, dim3((unsigned)blocks), dim3(32 * FC_COMBINE_WARPS), 0,
+                     stream, pdl, p);
 }
 
 #endif  // FLASHC_CUDA_COMMON_KVCACHE_KERNELS_CUH

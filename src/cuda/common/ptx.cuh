@@ -7,6 +7,8 @@
 //   ex2.approx, rcp.approx, shared and global vector moves
 //   4-byte cp.async, ld.shared.f32, ld.acquire.gpu (the backward's per-row
 //   scratch and its deterministic turn counters)
+//   griddepcontrol (programmatic dependent launch, sm_90 and later; nothing
+//   on earlier architectures)
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with
 // g = lane / 4 and t = lane % 4:
@@ -20,6 +22,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
 
 // ---- shared memory addresses ----
@@ -188,6 +191,44 @@ __device__ __forceinline__ int fc_ld_acquire(const int32_t *p) {
     int v;
     asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
     return v;
+}
+
+// ---- programmatic dependent launch ----
+// A kernel launched after this one on the same stream with the
+// programmatic-serialization attribute (fc_launch with pdl) may start
+// once every CTA of this one has called fc_pdl_launch_dependents (or exited);
+// it calls fc_pdl_wait before it reads what this one writes: the wait returns
+// when this grid has completed and its writes are visible. Below sm_90 the
+// launch is an ordinary one and both are no-ops.
+__device__ __forceinline__ void fc_pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void fc_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Launch kernel<<<grid, block, smem, stream>>>(p); pdl: with the
+// programmatic-serialization attribute (the kernel must call fc_pdl_wait
+// before it reads what the kernel before it on the stream writes). Host code.
+template <typename Params>
+static inline cudaError_t fc_launch(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem,
+                                    cudaStream_t stream, bool pdl, const Params &p) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
 #endif  // FLASHC_CUDA_PTX_CUH

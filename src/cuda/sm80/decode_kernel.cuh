@@ -74,6 +74,9 @@ __global__ void __launch_bounds__(fc_sm80_decode_traits<D>::kThreads)
     extern __shared__ __align__(128) unsigned char fc_smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
+    // the combine kernel (splits > 1) may place its CTAs once every CTA of
+    // this grid runs; they wait for its end (ptx.cuh fc_pdl_wait)
+    fc_pdl_launch_dependents();
 
     // ---- this CTA: (b, hk, split, m_block) ----
     int cta = (int)blockIdx.x;

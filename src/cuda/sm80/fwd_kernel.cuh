@@ -288,7 +288,7 @@ cudaError_t sm80_fwd_launch(const fc_cuda_fwd_params &p, dim3 grid, cudaStream_t
     using Tr = fc_sm80_fwd_traits<D>;
     static std::atomic<uint64_t> smem_set{0};  // bit d: the limit is raised on device d
     return fc_launch_kernel(sm80_fwd_kernel<D, T, kCausal>, &smem_set, Tr::kSmemBytes,
-                            Tr::kThreads, grid, stream, p);
+                            Tr::kThreads, grid, stream, p, false);
 }
 
 #endif  // FLASHC_CUDA_SM80_FWD_KERNEL_CUH

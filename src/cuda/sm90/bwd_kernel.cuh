@@ -576,7 +576,11 @@ __global__ void __launch_bounds__(fc_sm90_bwd_traits<D>::kThreads,
     const fc_mask<kCausal> mask(blk.sq, blk.sk, p.f.window_left, p.f.window_right);
     C c(tid, g, t, n_block, y, b, blk, mask, fc_smem);
 
+    // the dK/dV sum or dQ kernel after this one may place its CTAs once
+    // every CTA of this grid runs (they wait for its end)
+    fc_pdl_launch_dependents();
     c.load_kv(p);
+    fc_pdl_wait();   // fc_bwd_pre_kernel's lse2, delta and zeroed dq_accum
     c.load_q(p, 0);  // with K, V: group 0
 
     // ---- this warpgroup's part and its wgmma descriptors ----
@@ -683,13 +687,16 @@ __global__ void __launch_bounds__(fc_sm90_bwd_traits<D>::kThreads,
 
 // ---- the launcher of one instance (instantiated in inst/*.cu) ----
 // Sets the dynamic shared memory limit once per device, then launches on
-// `stream`. Returns the launch's cudaError_t; never synchronises.
+// `stream`, as a programmatic dependent launch: the CTAs start while the
+// preprocessing kernel's last ones run, load K and V, and wait for it (ptx.cuh
+// fc_pdl_wait) before the first query block. Returns the launch's
+// cudaError_t; never synchronises.
 template <int D, typename T, bool kCausal>
 cudaError_t sm90_bwd_launch(const fc_cuda_bwd_params &p, dim3 grid, cudaStream_t stream) {
     using Tr = fc_sm90_bwd_traits<D>;
     static std::atomic<uint64_t> smem_set{0};  // bit d: the limit is raised on device d
     return fc_launch_kernel(sm90_bwd_kernel<D, T, kCausal>, &smem_set, Tr::kSmemBytes,
-                            Tr::kThreads, grid, stream, p);
+                            Tr::kThreads, grid, stream, p, true);
 }
 
 #endif  // FLASHC_CUDA_SM90_BWD_KERNEL_CUH

@@ -528,7 +528,7 @@ cudaError_t sm90ws_fwd_launch_kernel(const fc_cuda_fwd_ws_params &p, dim3 grid,
     using Tr = fc_sm90ws_fwd_traits<D, kShort>;
     static std::atomic<uint64_t> smem_set{0};  // bit d: the limit is raised on device d
     return fc_launch_kernel(sm90ws_fwd_kernel<D, kShort, T, kCausal, kCache, kPack>, &smem_set,
-                            Tr::kSmemBytes, Tr::kThreads, grid, stream, p);
+                            Tr::kSmemBytes, Tr::kThreads, grid, stream, p, false);
 }
 
 // A cache's K/V runs a kernel of its own: with the paged producer's code in it,
