@@ -25,12 +25,14 @@ Where flashc differs from flash_attn on purpose:
   copy flash_attn makes to pad q, k, v is not needed; results are the same.
 - return_attn_probs returns (out, softmax_lse, probs). probs is fp32 [B, H, Sq, Sk]
   (varlen: [B, H, max_seqlen_q, max_seqlen_k]) without flash_attn's padding to
-  multiples of 128, negative where dropout dropped the element, as flash_attn's
-  S_dmask. Only the CPU backend writes it, with or without dropout (flash_attn:
-  only with dropout). On CUDA tensors probs is an empty tensor without dropout
-  (as flash_attn's), and with dropout the call raises FlashcError with status
-  FLASHC_ERR_UNSUPPORTED: the mask of a CUDA call can be read by repeating it on
-  CPU copies with the same seed (every backend draws the same mask).
+  multiples of 128: the softmax probabilities, 0 where masked or past a sequence,
+  negative where dropout dropped the element, as flash_attn's S_dmask. On CUDA
+  tensors they are written with dropout only, as flash_attn returns S_dmask only
+  then, and without dropout probs is an empty tensor: code that passes
+  return_attn_probs=True just to get softmax_lse, common with flash_attn, then
+  allocates and computes no B H Sq Sk floats. CPU tensors get them with or without
+  dropout. The negative entries are exactly the elements the call's forward
+  dropped (every backend draws the same mask from the same seed and offset).
 - a backward through flash_attn_varlen_func with block_table raises FlashcError
   (the C varlen backward has no paged layout; flash_attn has no such backward either).
 - learnable_sink= (keyword only, after flash_attn 2's parameters, on every function):
@@ -428,9 +430,9 @@ def _draw_rng(device, max_seqlen_k):
 
 def _probs_written(device, dropout_p, return_probs):
     """Whether the library is asked for the probabilities: where return_probs asks for
-    them, on the CPU always, on CUDA only with dropout (which the CUDA backend refuses,
-    FLASHC_ERR_UNSUPPORTED); without dropout a CUDA call returns them empty, as
-    flash_attn does."""
+    them, on the CPU always, on CUDA only with dropout; without dropout a CUDA call
+    returns them empty, as flash_attn does (its callers that want only softmax_lse pass
+    return_attn_probs=True too: no O(Sq Sk) tensor for them)."""
     return return_probs and (device.type == "cpu" or dropout_p > 0)
 
 
@@ -631,7 +633,8 @@ _COMMON_DOC = """
         Differentiable (its gradient is -sum_i e^{s_h - lse_i} dout_i . out_i). CPU only
         for now (CUDA tensors raise FlashcError, FLASHC_ERR_UNSUPPORTED).
     return_attn_probs: also return softmax_lse (fp32) and the probabilities (fp32,
-        negative where dropped; written on CPU tensors, empty on CUDA). For tests.
+        negative where dropped; written on CPU tensors, and on CUDA tensors with dropout,
+        else empty, as flash_attn's). For tests.
     Returns out, or (out, softmax_lse, probs) with return_attn_probs."""
 
 
