@@ -278,8 +278,7 @@ FLASHC_API flashc_params flashc_params_default(void);
  *     lse_i = log(e^{s_h} + sum_j e^{x_ij}),
  *   x_ij being the final scores (after scale, softcap, ALiBi and masks). A row
  *   that sees no key gets out = 0 and lse = s_h. Dropout drops the keys'
- *   probabilities only; the sink's mass stays in the denominator. CPU only: the
- *   CUDA backend refuses it (FLASHC_ERR_UNSUPPORTED). */
+ *   probabilities only; the sink's mass stays in the denominator. */
 typedef struct flashc_fwd_args {
     uint32_t abi; /* FLASHC_ABI_VERSION */
     flashc_tensor q, k, v;

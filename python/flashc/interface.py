@@ -38,7 +38,6 @@ Where flashc differs from flash_attn on purpose:
 - learnable_sink= (keyword only, after flash_attn 2's parameters, on every function):
   learnable attention sinks as gpt-oss uses them, fp32 (nheads,), differentiable; the
   ops take it as their last argument (and the backward ops a dsink output after it).
-  CPU tensors only for now: the CUDA backend raises FLASHC_ERR_UNSUPPORTED.
 
 As flash_attn and PyTorch do: window_size takes any pair of ints (negative or past
 every sequence: unbounded; _window), softmax_scale=0.0 is a scale of 0 (every score 0,
@@ -630,8 +629,7 @@ _COMMON_DOC = """
         more logit s_h in the softmax's denominator that takes no value, so out_i =
         sum_j e^{x_ij} v_j / (e^{s_h} + sum_j e^{x_ij}) and softmax_lse includes it; a row
         without keys gets out 0 and lse s_h. Dropout drops the keys' probabilities only.
-        Differentiable (its gradient is -sum_i e^{s_h - lse_i} dout_i . out_i). CPU only
-        for now (CUDA tensors raise FlashcError, FLASHC_ERR_UNSUPPORTED).
+        Differentiable (its gradient is -sum_i e^{s_h - lse_i} dout_i . out_i).
     return_attn_probs: also return softmax_lse (fp32) and the probabilities (fp32,
         negative where dropped; written on CPU tensors, and on CUDA tensors with dropout,
         else empty, as flash_attn's). For tests.
