@@ -54,8 +54,8 @@
  *   so a program compiled against another flashc.h fails clearly instead of
  *   having its structs misread. flashc_params travels with its args and has
  *   no `abi` of its own.
- * - The CUDA backend runs every entry point for fp16 and bf16 (fp32 and
- *   attn_probs are CPU-only). Its backward keeps an fp32 dQ accumulator and
+ * - The CUDA backend runs every entry point for fp16 and bf16 (fp32 is
+ *   CPU-only). Its backward keeps an fp32 dQ accumulator and
  *   per-row scratch in the workspace (4 * H * (rows + 128 per sequence) * D
  *   bytes and a little more): size it with flashc_bwd_workspace_size.
  *   params.deterministic = 1 orders the dQ additions across key blocks (a
@@ -267,7 +267,11 @@ FLASHC_API flashc_params flashc_params_default(void);
  * alibi_slopes: optional fp32 [H] or [B, H]; adds -slope * |i + Sk - Sq - j| to the
  *   (scaled, softcapped) score
  * attn_probs: optional fp32 [B, H, Sq, Sk], for tests: the softmax probabilities
- *   (before dropout), negated where dropout dropped the element
+ *   (before dropout), negated where dropout dropped the element, 0 where masked;
+ *   any strides with a contiguous last dim. Every backend; the CUDA backend writes
+ *   them after the forward with a plain kernel from the forward's lse (O(B H Sq Sk
+ *   D) work: a testing aid), which without softmax_lse lives in the workspace
+ *   (4 H B Sq bytes more, varlen 4 H total_q: the size query counts them)
  * sink: optional fp32 [H], learnable attention sinks (gpt-oss); default absent
  *   (data NULL: no sink, results bitwise as without the field). Query head h
  *   gets one more logit s_h in the softmax's denominator that takes no value:
@@ -275,8 +279,7 @@ FLASHC_API flashc_params flashc_params_default(void);
  *     lse_i = log(e^{s_h} + sum_j e^{x_ij}),
  *   x_ij being the final scores (after scale, softcap, ALiBi and masks). A row
  *   that sees no key gets out = 0 and lse = s_h. Dropout drops the keys'
- *   probabilities only; the sink's mass stays in the denominator. CPU only: the
- *   CUDA backend refuses it (FLASHC_ERR_UNSUPPORTED). */
+ *   probabilities only; the sink's mass stays in the denominator. */
 typedef struct flashc_fwd_args {
     uint32_t abi; /* FLASHC_ABI_VERSION */
     flashc_tensor q, k, v;

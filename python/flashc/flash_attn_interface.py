@@ -44,8 +44,8 @@ The returns, against flash_attn's:
   the head dim as given (flash_attn pads it to a multiple of 8: flashc needs no padding).
 - S_dmask: with return_softmax, the probabilities as flash_attn_func's
   return_attn_probs returns them (interface.py: fp32, not padded to multiples of 128,
-  written on CPU tensors; on CUDA tensors with dropout the call raises FlashcError,
-  FLASHC_ERR_UNSUPPORTED); without it an empty tensor of q's dtype, as flash_attn.
+  written on CPU tensors, and on CUDA tensors with dropout); without it an empty tensor
+  of q's dtype, as flash_attn.
 - rng_state: int64 [2] = (seed, offset) of flashc's dropout mask (include/flashc.h,
   "Dropout"), drawn as flash_attn_func draws them (interface._draw_rng), (0, 0) without
   dropout. It lives on the CPU: the library takes seed and offset as host values, so a

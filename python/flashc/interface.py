@@ -25,18 +25,19 @@ Where flashc differs from flash_attn on purpose:
   copy flash_attn makes to pad q, k, v is not needed; results are the same.
 - return_attn_probs returns (out, softmax_lse, probs). probs is fp32 [B, H, Sq, Sk]
   (varlen: [B, H, max_seqlen_q, max_seqlen_k]) without flash_attn's padding to
-  multiples of 128, negative where dropout dropped the element, as flash_attn's
-  S_dmask. Only the CPU backend writes it, with or without dropout (flash_attn:
-  only with dropout). On CUDA tensors probs is an empty tensor without dropout
-  (as flash_attn's), and with dropout the call raises FlashcError with status
-  FLASHC_ERR_UNSUPPORTED: the mask of a CUDA call can be read by repeating it on
-  CPU copies with the same seed (every backend draws the same mask).
+  multiples of 128: the softmax probabilities, 0 where masked or past a sequence,
+  negative where dropout dropped the element, as flash_attn's S_dmask. On CUDA
+  tensors they are written with dropout only, as flash_attn returns S_dmask only
+  then, and without dropout probs is an empty tensor: code that passes
+  return_attn_probs=True just to get softmax_lse, common with flash_attn, then
+  allocates and computes no B H Sq Sk floats. CPU tensors get them with or without
+  dropout. The negative entries are exactly the elements the call's forward
+  dropped (every backend draws the same mask from the same seed and offset).
 - a backward through flash_attn_varlen_func with block_table raises FlashcError
   (the C varlen backward has no paged layout; flash_attn has no such backward either).
 - learnable_sink= (keyword only, after flash_attn 2's parameters, on every function):
   learnable attention sinks as gpt-oss uses them, fp32 (nheads,), differentiable; the
   ops take it as their last argument (and the backward ops a dsink output after it).
-  CPU tensors only for now: the CUDA backend raises FLASHC_ERR_UNSUPPORTED.
 
 As flash_attn and PyTorch do: window_size takes any pair of ints (negative or past
 every sequence: unbounded; _window), softmax_scale=0.0 is a scale of 0 (every score 0,
@@ -428,9 +429,9 @@ def _draw_rng(device, max_seqlen_k):
 
 def _probs_written(device, dropout_p, return_probs):
     """Whether the library is asked for the probabilities: where return_probs asks for
-    them, on the CPU always, on CUDA only with dropout (which the CUDA backend refuses,
-    FLASHC_ERR_UNSUPPORTED); without dropout a CUDA call returns them empty, as
-    flash_attn does."""
+    them, on the CPU always, on CUDA only with dropout; without dropout a CUDA call
+    returns them empty, as flash_attn does (its callers that want only softmax_lse pass
+    return_attn_probs=True too: no O(Sq Sk) tensor for them)."""
     return return_probs and (device.type == "cpu" or dropout_p > 0)
 
 
@@ -628,10 +629,10 @@ _COMMON_DOC = """
         more logit s_h in the softmax's denominator that takes no value, so out_i =
         sum_j e^{x_ij} v_j / (e^{s_h} + sum_j e^{x_ij}) and softmax_lse includes it; a row
         without keys gets out 0 and lse s_h. Dropout drops the keys' probabilities only.
-        Differentiable (its gradient is -sum_i e^{s_h - lse_i} dout_i . out_i). CPU only
-        for now (CUDA tensors raise FlashcError, FLASHC_ERR_UNSUPPORTED).
+        Differentiable (its gradient is -sum_i e^{s_h - lse_i} dout_i . out_i).
     return_attn_probs: also return softmax_lse (fp32) and the probabilities (fp32,
-        negative where dropped; written on CPU tensors, empty on CUDA). For tests.
+        negative where dropped; written on CPU tensors, and on CUDA tensors with dropout,
+        else empty, as flash_attn's). For tests.
     Returns out, or (out, softmax_lse, probs) with return_attn_probs."""
 
 

@@ -21,14 +21,15 @@ void fc_cuda_free(void *p);
  * the run and launches nothing; *_workspace is the device workspace the run
  * needs, for a problem *_supported accepts; the run itself is asynchronous:
  * it returns after the launches on the stream, FLASHC_OK or
- * FLASHC_ERR_UNSUPPORTED (dtype, head dim, attn_probs, device) / FLASHC_ERR_CUDA
+ * FLASHC_ERR_UNSUPPORTED (dtype, head dim, device) / FLASHC_ERR_CUDA
  * with the message set. */
 
 /* The forward on device tensors (fwd.cu): every pointer in *a (tensors,
  * cu_seqlens, seqlens_k, block_table, ...) is a device pointer and is never read
  * on the host; a->stream is the cudaStream_t. The workspace holds the operands
- * that are repacked because the kernels cannot read them in place (0 bytes when
- * every operand is read in place). */
+ * that are repacked because the kernels cannot read them in place, and the lse
+ * attn_probs are computed from when the caller asks for them without
+ * softmax_lse (0 bytes when there is neither). */
 flashc_status fc_cuda_fwd_supported(const fc_attn *a);
 size_t fc_cuda_fwd_workspace(const fc_attn *a);
 flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes);

@@ -14,8 +14,12 @@
 //   fc_cuda_fwd_workspace(a)  bytes for the repacked operands (plan.h):
 //                   q, k, v, out that are not 16-byte aligned, have a stride
 //                   that is not a multiple of 8 elements, or whose head dim (D
-//                   for q, k; Dv for v, out) is not a multiple of 8; 0 when
-//                   every operand is read in place.
+//                   for q, k; Dv for v, out) is not a multiple of 8; then, when
+//                   the call asks for attn_probs but no softmax_lse, the lse
+//                   they are computed from; 0 when every operand is read in
+//                   place and no lse is carved.
+//   attn_probs      after the forward, on the same stream, fc_probs_launch
+//                   (probs.cu) from the lse the forward wrote.
 //
 // Families: sm90ws (TMA loads by a producer warpgroup, wgmma consumers,
 // sm90ws/fwd_kernel.cuh), sm90 (wgmma, cp.async, sm90/fwd_kernel.cuh), sm80
@@ -23,7 +27,7 @@
 // fc_fwd_ws_refusal then says whether sm90ws can take the sm90 call.
 // FLASHC_CUDA_FAMILY=sm90 keeps sm90, =sm80 forces sm80.
 //
-// Not here yet: attn_probs (FLASHC_ERR_UNSUPPORTED), fp32 inputs.
+// Not here yet: fp32 inputs.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -292,9 +296,6 @@ static const char *fc_fwd_ws_refusal(const fc_attn *a, int dim, bool short_row) 
 // layouts the kernels take, and the current device.
 static flashc_status fc_cuda_fwd_check(const fc_attn *a, fc_cuda_fwd_plan *plan) {
     FC_TRY(fc_cuda_dtype_check(a));
-    if (a->probs)
-        return fc_set_error(FLASHC_ERR_UNSUPPORTED,
-                            "attn_probs is not supported by the CUDA backend (use the CPU)");
     FC_TRY(fc_cuda_fwd_dim_check(a));
     const int64_t d8 = fc_cuda_d8(a);
     FC_TRY(fc_cuda_len_check(a));
@@ -332,8 +333,31 @@ static flashc_status fc_cuda_fwd_check(const fc_attn *a, fc_cuda_fwd_plan *plan)
     return FLASHC_OK;
 }
 
+// ---- the workspace: the repacked operands, then the lse of attn_probs ----
+// attn_probs are computed from the forward's lse (probs.cu); a call that asks
+// for them but not for softmax_lse gets one here, fp32 [H, total_q] (varlen:
+// rows are global tokens, lse_s_batch = 0) or [B, H, Sq], after the repack.
+typedef struct {
+    fc_cuda_pack_plan pk;
+    size_t lse_off;  // the lse's region, when lse_elems > 0
+    int64_t lse_elems;
+    size_t bytes;    // the whole workspace
+} fc_cuda_fwd_ws;
+
+static fc_cuda_fwd_ws fc_cuda_fwd_ws_layout(const fc_attn *a) {
+    fc_cuda_fwd_ws w;
+    w.pk = fc_cuda_pack_layout(a, FC_PACK_DOUT);
+    w.lse_off = (w.pk.bytes + FLASHC_WORKSPACE_ALIGN - 1) / FLASHC_WORKSPACE_ALIGN *
+                FLASHC_WORKSPACE_ALIGN;
+    w.lse_elems = a->probs && !a->lse
+                      ? a->heads * (a->cu_seqlens_q ? a->total_q : a->batch * a->max_seqlen_q)
+                      : 0;
+    w.bytes = w.lse_elems ? w.lse_off + (size_t)w.lse_elems * sizeof(float) : w.pk.bytes;
+    return w;
+}
+
 extern "C" size_t fc_cuda_fwd_workspace(const fc_attn *a) {
-    return fc_cuda_pack_layout(a, FC_PACK_DOUT).bytes;
+    return fc_cuda_fwd_ws_layout(a).bytes;
 }
 
 extern "C" flashc_status fc_cuda_fwd_supported(const fc_attn *a) {
@@ -348,12 +372,20 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
     const cudaStream_t stream = (cudaStream_t)a->stream;
 
     // ---- repack what the kernels cannot read in place ----
-    const fc_cuda_pack_plan pk = fc_cuda_pack_layout(a, FC_PACK_DOUT);
-    if (ws_bytes < pk.bytes || (pk.bytes && !ws))
+    const fc_cuda_fwd_ws w = fc_cuda_fwd_ws_layout(a);
+    const fc_cuda_pack_plan &pk = w.pk;
+    if (ws_bytes < w.bytes || (w.bytes && !ws))
         return fc_set_error(FLASHC_ERR_WORKSPACE_TOO_SMALL,
-                            "workspace_bytes=%zu but %zu are needed", ws_bytes, pk.bytes);
+                            "workspace_bytes=%zu but %zu are needed", ws_bytes, w.bytes);
     fc_attn packed;
     FC_CUDA_TRY(fc_cuda_pack_start(a, pk, ws, {FC_PACK_OUT}, stream, &packed));
+    if (w.lse_elems) {  // attn_probs without softmax_lse: the workspace's lse
+        const int64_t rows = a->cu_seqlens_q ? a->total_q : a->max_seqlen_q;
+        packed.lse = (float *)((char *)ws + w.lse_off);
+        packed.lse_s_batch = a->cu_seqlens_q ? 0 : a->heads * rows;
+        packed.lse_s_head = rows;
+        packed.lse_s_seq = 1;
+    }
     fc_cuda_fwd_params p = fc_cuda_fwd_make_params(&packed);
     p.head_dim = (int32_t)pk.dp;
     p.head_dim_v = (int32_t)pk.dpv;
@@ -415,6 +447,13 @@ extern "C" flashc_status fc_cuda_fwd(const fc_attn *a, void *ws, size_t ws_bytes
         return fc_set_error(FLASHC_ERR_CUDA, "%s_fwd_kernel<D=%d, %s, causal=%d> launch: %s",
                             fc_cuda_family_name(plan.family), plan.dim, bf16 ? "bf16" : "fp16", (int)plan.causal,
                             cudaGetErrorString(e));
+    if (a->probs) {
+        const fc_probs_dst dst = {a->probs, a->probs_s_batch, a->probs_s_head, a->probs_s_row};
+        e = fc_probs_launch(p, dst, bf16, stream);
+        if (e != cudaSuccess)
+            return fc_set_error(FLASHC_ERR_CUDA, "fc_probs_kernel launch: %s",
+                                cudaGetErrorString(e));
+    }
     FC_CUDA_TRY(fc_cuda_pack_finish(a, pk, ws, {FC_PACK_OUT}, stream));
     return FLASHC_OK;
 }

@@ -5,6 +5,7 @@
 //   fwd.cu      fc_cuda_fwd*      the forward: instances, plan, launch
 //   bwd.cu      fc_cuda_bwd*      the backward: preprocess, main kernel, dQ
 //   kvcache.cu  fc_cuda_kvcache*  the decode path: append, rotary, split-KV
+//   probs.cu    fc_probs_launch   the forward's attn_probs, after it
 //   plan.cu     this header       errors, the device, the checks every
 //                                 operation runs, the kernel family, the repack
 //                                 of operands the kernels cannot read in place,
@@ -163,6 +164,19 @@ struct CUtensorMap_st;
 bool fc_cuda_tma_available();
 bool fc_cuda_tma_map(struct CUtensorMap_st *map, const fc_view &v, const fc_cuda_pack_dims &e,
                      int64_t dp, int box_heads, int box_rows);
+
+// ---- attn_probs (probs.cu) ----
+// Where fc_probs_kernel writes: a->probs, fp32, the column stride 1.
+typedef struct {
+    float *probs;
+    int64_t s_batch, s_head, s_row;
+} fc_probs_dst;
+
+// Launch the kernel that writes the attn_probs of the forward p describes
+// (p.lse: the lse that forward wrote, never NULL; p.head_dim: the row length
+// of p.q and p.k, zero-padded past the problem's) on stream, after it.
+cudaError_t fc_probs_launch(const fc_cuda_fwd_params &p, const fc_probs_dst &dst, bool bf16,
+                            cudaStream_t stream);
 
 // ---- the kernel arguments ----
 // The forward kernels' arguments of *a, host-derived constants included; the

@@ -218,13 +218,10 @@ def test_shim_is_opt_in():
 
 # ---- the batched ops against flash_attn_func ----
 def public_grads(fn, inputs, dout, dropout_p=0.0, **kw):
-    """(out, lse, probs, [grads of inputs]) of a public function, deterministic; lse
-    and probs None where return_attn_probs would raise (CUDA with dropout)."""
+    """(out, lse, probs, [grads of inputs]) of a public function, deterministic."""
     leaves = [t.detach().clone().requires_grad_() for t in inputs]
-    with_probs = dropout_p == 0 or dout.device.type == "cpu"
-    res = fn(*leaves, dropout_p=dropout_p, deterministic=True, return_attn_probs=with_probs,
-             **kw)
-    out, lse, probs = res if with_probs else (res, None, None)
+    out, lse, probs = fn(*leaves, dropout_p=dropout_p, deterministic=True,
+                         return_attn_probs=True, **kw)
     backward_or_skip(out, dout)
     return out.detach(), lse, probs, [t.grad for t in leaves]
 
@@ -408,14 +405,14 @@ def test_dropout_rng_state(device):
     """With dropout the forward returns rng_state (seed, offset) as flash_attn_func
     draws them (torch.manual_seed repeats them); the backward given it regenerates the
     forward's mask (the gradients of flash_attn_func), given another one it does not.
-    return_softmax returns the probabilities with the dropped ones negative (CPU)."""
+    return_softmax returns the probabilities with the dropped ones negative, those of
+    flash_attn_func with return_attn_probs."""
     dt = torch.float16 if device == "cuda" else torch.float32
     p = 0.3
     q, k, v = (rand(2, 9, 4, 16, device=device, dtype=dt, seed=s) for s in (12, 13, 14))
-    on_cpu = device == "cpu"
     torch.manual_seed(7)
     out, lse, s_dmask, rng_state = fi._flash_attn_forward(q, k, v, p, None, True, -1, -1, 0.0,
-                                                          None, on_cpu)
+                                                          None, True)
     assert rng_state.shape == (2,) and rng_state.dtype == torch.int64
     assert rng_state[0].item() != 0
     dout = rand(*q.shape, device=device, dtype=dt, seed=15)
@@ -423,9 +420,8 @@ def test_dropout_rng_state(device):
     pub_out, pub_lse, probs, pub_grads = public_grads(flashc.flash_attn_func, (q, k, v), dout,
                                                       dropout_p=p, causal=True)
     assert torch.equal(out, pub_out)
-    if on_cpu:
-        assert torch.equal(lse, pub_lse) and torch.equal(s_dmask, probs)
-        assert bool((s_dmask < 0).any())
+    assert torch.equal(lse, pub_lse) and torch.equal(s_dmask, probs)
+    assert bool((s_dmask < 0).any())
 
     def grads(state):
         dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))

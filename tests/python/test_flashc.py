@@ -618,11 +618,57 @@ def test_return_attn_probs(device):
         ref_p = torch.exp(ref_attention_scores(q, k, causal=True, window_size=(2, 0)) -
                           l64.unsqueeze(-1))
         check("probs", probs, ref_p, ref_p, dt)
-    else:
+    else:  # as flash_attn: CUDA writes them with dropout only (test_return_attn_probs_dropout)
         assert probs.numel() == 0
-        with pytest.raises(flashc.FlashcError) as e:
-            flashc.flash_attn_func(q, k, v, 0.1, return_attn_probs=True)
-        assert e.value.status == UNSUPPORTED
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("varlen", [False, True], ids=["batched", "varlen"])
+def test_return_attn_probs_dropout(device, dtype, varlen, monkeypatch):
+    """With dropout every backend returns the probabilities, negative exactly where the
+    call dropped: |probs| against the float64 softmax, the signs against the CPU's (the
+    same seed draws the same mask), and out recomputed from the kept probabilities,
+    sum_j max(P_ij, 0) v_j / (1 - p), against the float64 out of that mask. Varlen
+    rows and keys past a sequence are 0."""
+    monkeypatch.setattr(interface, "_draw_rng", lambda device, sk: (0x5eed_cafe, 40))
+    dt, p, opts = DT[dtype], 0.3, dict(causal=True, window_size=(5, 0))
+    lq, lk = [6, 0, 9], [8, 5, 7]
+    q, k, v = (rand(sum(n), 4, 16, device=device, dtype=dt, seed=s)
+               for n, s in ((lq, 53), (lk, 54), (lk, 55)))
+
+    def call(q, k, v):
+        if varlen:
+            return flashc.flash_attn_varlen_func(q, k, v, cu(lq, q.device), cu(lk, q.device),
+                                                 max(lq), max(lk), p, return_attn_probs=True,
+                                                 **opts)
+        return flashc.flash_attn_func(q.view(1, -1, 4, 16)[:, :6], k.view(1, -1, 4, 16)[:, :8],
+                                      v.view(1, -1, 4, 16)[:, :8], p, return_attn_probs=True,
+                                      **opts)
+    out, lse, probs = call(q, k, v)
+    _, _, cpu_probs = call(q.cpu(), k.cpu(), v.cpu())
+    assert probs.shape == cpu_probs.shape and probs.dtype == torch.float32
+    assert torch.equal(torch.signbit(probs).cpu(), torch.signbit(cpu_probs))
+    assert bool((probs < 0).any())
+    seqs = list(zip(lq, lk)) if varlen else [(6, 8)]
+    oq = ok = 0
+    for b, (nq, nk) in enumerate(seqs):
+        qb, kb, vb = (t[o:o + n][None] for t, o, n in ((q, oq, nq), (k, ok, nk), (v, ok, nk)))
+        pb = probs[b, :, :nq, :nk].cpu()
+        assert not probs[b, :, nq:].any() and not probs[b, :, :, nk:].any()
+        keep = ~torch.signbit(pb)[None]
+        _, l64 = ref_attention(qb.double(), kb.double(), vb.double(), **opts)
+        scores = ref_attention_scores(qb.cpu(), kb.cpu(), **opts)
+        ref_p = torch.exp(scores - l64.cpu().unsqueeze(-1)).masked_fill(scores == -math.inf, 0)
+        check("probs[%d]" % b, pb.abs()[None], ref_p, ref_p, dt)
+        r64, _ = ref_attention(qb.double(), kb.double(), vb.double(), keep=keep.to(device),
+                               dropout_p=p, **opts)
+        rlp, _ = ref_attention(qb, kb, vb, keep=keep.to(device), dropout_p=p, lowp=True, **opts)
+        o = out[oq:oq + nq] if varlen else out[0]
+        check("out[%d]" % b, o[None], r64, rlp, dt)
+        from_probs = torch.einsum("hqk,khd->qhd", pb.clamp(min=0).double(),
+                                  vb[0].cpu().double()) / (1 - p)
+        check("out from probs[%d]" % b, from_probs[None], r64, rlp, dt)
+        oq, ok = oq + nq, ok + nk
 
 
 def ref_attention_scores(q, k, causal, window_size):

@@ -5,10 +5,11 @@ Calls flashc supports, under route(), against torch's own SDPA on float64 inputs
 and gradients, DEVICES and dtypes of test_flashc.py, DEVELOPERS.md's tolerance rule with
 a same-precision naive SDPA as the baseline): causal and not, Sq < = > Sk (SDPA's top-left
 causal), GQA/MQA with enable_gqa, scale; each asserts that flashc ran the call. Calls it
-does not support fall back to torch's SDPA bitwise, with their reason counted; nesting
-and leaving the route restore torch's behaviour; a small attention module runs unedited
-under it, eagerly and through torch.compile; `python -m flashc.sdpa script.py` runs a
-script under it; and where HF transformers is installed (it is not in .venv: the test
+does not support fall back to torch's SDPA bitwise, with their reason counted; the reading
+of a mask answers as the definition of the forms does on every form and on masks one or
+two elements away (test_mask_forms_exact); nesting and leaving the route restore torch's
+behaviour; a small attention module runs unedited under it, eagerly and through
+torch.compile; `python -m flashc.sdpa script.py` runs a script under it; and where HF transformers is installed (it is not in .venv: the test
 skips), a small Llama with attn_implementation="sdpa" trains and decodes under it.
 
 Run:  FLASHC_LIBRARY=build/libflashc.so PYTHONPATH=python python3 -m pytest tests/python -q
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 
 import flashc
 from flashc import _lib, interface, sdpa
-from test_flashc import DEVICE_DTYPES, DT, backward_or_skip, check, rand
+from test_flashc import DEVICE_DTYPES, DEVICES, DT, backward_or_skip, check, rand
 
 FLASHC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(flashc.__file__)))
 
@@ -235,6 +236,98 @@ def test_mask_read_once(monkeypatch):
         F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
         F.scaled_dot_product_attention(q, q, q, attn_mask=make_mask("pad-right", 3, 6, 6))
     assert len(reads) == 3 and r.routed == 5 and sum(r.fallbacks.values()) == 1
+
+
+def mask_answer(mask, b, sq, sk):
+    """What sdpa._plan_of must answer for mask ([B or 1, 1,] Sq or 1, Sk or 1), by its
+    definition, element by element: ("values",) for a float mask with an element neither 0
+    nor <= its dtype's minimum; ("run",) when the keys some query of a batch sees are not
+    one run [lo, hi); ("form",) when no off of None, Sk - Sq, 0 (that order) makes every
+    row i of every batch exactly keys [lo, hi) with j <= i + off; ("fill",) for a float
+    mask with the dtype's minimum in it and a row that sees no key; else ("calls",
+    sdpa._calls of that form)."""
+    mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    m = mask.expand(mask.shape[0], 1, sq, sk)[:, 0]
+    if m.dtype != torch.bool:
+        if not bool(((m == 0) | (m <= torch.finfo(m.dtype).min)).all()):
+            return ("values",)
+        m = m == 0
+    starts, ends = [], []
+    for rows in m:
+        keys = [j for j in range(sk) if rows[:, j].any()]
+        if keys != list(range(keys[0], keys[-1] + 1) if keys else []):
+            return ("run",)
+        starts.append(keys[0] if keys else sk)
+        ends.append(keys[-1] + 1 if keys else 0)
+    i, j = torch.arange(sq)[:, None], torch.arange(sk)
+    for off in [None] + sorted({sk - sq, 0}, reverse=True):
+        diag = torch.ones(sq, sk, dtype=torch.bool) if off is None else j <= i + off
+        if all(torch.equal(rows, (j >= lo) & (j < hi) & diag)
+               for rows, lo, hi in zip(m, starts, ends)):
+            break
+    else:
+        return ("form",)
+    starts, ends = starts * (b // len(starts)), ends * (b // len(ends))
+    empty = any(not rows.any(dim=1).all() for rows in m)
+    if mask.dtype != torch.bool and empty and bool((mask == torch.finfo(mask.dtype).min).any()):
+        return ("fill",)
+    return ("calls", sdpa._calls(starts, ends, off, sq))
+
+
+def same_answer(got, want):
+    """sdpa._plan_of's answer got against mask_answer's want."""
+    reasons = {"values": "(a bias)", "run": "not one run", "form": "a causal mask (top-left",
+               "fill": "fully masked rows"}
+    if want[0] != "calls":
+        return isinstance(got, str) and reasons[want[0]] in got
+    return not isinstance(got, str) and len(got) == len(want[1]) and all(
+        all(torch.equal(x.cpu(), y) if isinstance(y, torch.Tensor) else x == y
+            for x, y in zip(g, w)) for g, w in zip(got, want[1]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sq,sk", [(5, 7), (7, 5), (6, 6)], ids=["5x7", "7x5", "6x6"])
+@pytest.mark.parametrize("form", MASK_FORMS)
+def test_mask_forms_exact(form, sq, sk, device):
+    """sdpa._plan_of against the definition of the masks flashc runs (mask_answer) on every
+    form, bool and additive (-inf, the minimum, both), broadcast or not, and on masks one
+    or two elements away: each element flipped, 100 random moves of a seen element to an
+    unseen place of its batch (as many elements seen: counts alone cannot tell), and in the
+    additive ones every third element set to -0.0 (a 0), NaN, +inf, -1 (a bias)."""
+    b = 2
+    base = make_mask(form, b, sq, sk)
+    masks = [base, base.expand(b, 1, sq, sk).clone()]
+    full = masks[1]
+    for e in range(full.numel()):
+        flipped = full.clone()
+        flipped.view(-1)[e] ^= True
+        masks.append(flipped)
+    g = torch.Generator().manual_seed(sq * 100 + sk)
+    for _ in range(100):
+        bi = int(torch.randint(b, (1,), generator=g))
+        seen, unseen = full[bi, 0].flatten().nonzero(), (~full[bi, 0]).flatten().nonzero()
+        if len(seen) and len(unseen):
+            moved = full.clone()
+            for place, value in ((seen, False), (unseen, True)):
+                moved[bi, 0].view(-1)[place[int(torch.randint(len(place), (1,), generator=g))]] = value
+            masks.append(moved)
+    dt = torch.bfloat16
+    low = torch.finfo(dt).min
+    for kind in ("inf", "min"):
+        masks.append(as_kind(base, kind, dt))
+    both = as_kind(full, "inf", dt)
+    both[0, 0, :, ::2] = both[0, 0, :, ::2].clamp(min=low)  # -inf and the minimum mixed
+    masks.append(both)
+    additive = as_kind(full, "min", dt)
+    for e in range(0, additive.numel(), 3):
+        for x in (-0.0, math.nan, math.inf, -1.0):
+            m = additive.clone()
+            m.view(-1)[e] = x
+            masks.append(m)
+    for mask in masks:
+        got = sdpa._plan_of(mask.to(device), b, sq, sk)
+        want = mask_answer(mask, b, sq, sk)
+        assert same_answer(got, want), (mask, got, want)
 
 
 @pytest.mark.skipif(not interface._CUSTOM_OP or

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""sdpa_mask.py : what flashc.sdpa's reading of an attn_mask costs (sdpa._plan_of, run once per
+mask object: HF transformers passes one mask to every layer, a new one every step).
+
+    FLASHC_LIBRARY=/tmp/b/libflashc.so PYTHONPATH=python .venv/bin/python bench/sdpa_mask.py \\
+        --seqlen 4096 --device cpu --threads 1
+
+Masks of shape (batch, 1, S, S), as HF transformers passes them: bool causal with 100 left-padded
+keys, bool key padding only (100 keys), and bf16 causal with 100 right-padded keys filled with the
+dtype's minimum (HF's additive mask). Prints one CSV row per mask: the best of --reps calls in
+milliseconds (on CUDA with a device synchronisation around each call) and the calls of the plan
+(or the fallback reason). Heads do not matter: the mask has one.
+"""
+import argparse
+import time
+
+import torch
+
+from flashc import sdpa
+
+
+def masks(batch, s, device):
+    i, j = torch.arange(s)[:, None], torch.arange(s)
+    causal = j <= i
+    left = torch.ones(batch, s, dtype=torch.bool)
+    left[:, :100] = False
+    right = torch.ones(batch, s, dtype=torch.bool)
+    right[:, -100:] = False
+    fill = torch.finfo(torch.bfloat16).min
+    hf = torch.zeros(batch, 1, s, s, dtype=torch.bfloat16).masked_fill(
+        ~(causal & right[:, None, :])[:, None], fill)
+    return {"bool_causal_leftpad": (causal & left[:, None, :])[:, None].to(device),
+            "bool_padding": left[:, None, None, :].expand(batch, 1, s, s).contiguous().to(device),
+            "bf16_causal_rightpad_hf": hf.to(device)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seqlen", type=int, default=4096)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads, 0: torch's default")
+    ap.add_argument("--reps", type=int, default=5)
+    a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
+    print("mask,batch,seqlen,ms,plan")
+    for name, m in masks(a.batch, a.seqlen, a.device).items():
+        best = float("inf")
+        for _ in range(a.reps):
+            sync()
+            t = time.perf_counter()
+            plan = sdpa._plan_of(m, a.batch, a.seqlen, a.seqlen)
+            sync()
+            best = min(best, time.perf_counter() - t)
+        what = plan if isinstance(plan, str) else " ".join(
+            "causal=%d:max_q=%d:max_k=%d" % (c.causal, c.max_q, c.max_k) for c in plan)
+        print("%s,%d,%d,%.1f,%s" % (name, a.batch, a.seqlen, 1e3 * best, what))
+
+
+if __name__ == "__main__":
+    main()
