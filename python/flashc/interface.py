@@ -36,8 +36,10 @@ Where flashc differs from flash_attn on purpose:
 - a backward through flash_attn_varlen_func with block_table raises FlashcError
   (the C varlen backward has no paged layout; flash_attn has no such backward either).
 - learnable_sink= (keyword only, after flash_attn 2's parameters, on every function):
-  learnable attention sinks as gpt-oss uses them, fp32 (nheads,), differentiable; the
-  ops take it as their last argument (and the backward ops a dsink output after it).
+  learnable attention sinks as gpt-oss uses them, (nheads,) of any floating dtype (fp32
+  inside: a bf16 or fp16 sink is cast, and its gradient comes back in its dtype),
+  differentiable; the ops take it (fp32) as their last argument (and the backward ops a
+  dsink output after it).
 
 As flash_attn and PyTorch do: window_size takes any pair of ints (negative or past
 every sequence: unbounded; _window), softmax_scale=0.0 is a scale of 0 (every score 0,
@@ -561,12 +563,23 @@ def _exporting():
     return bool(is_exporting and is_exporting())
 
 
+def _sink32(sink):
+    """The learnable sink as the library takes it, fp32. A sink of another floating dtype
+    (the parameter of a bf16 model) goes through a differentiable cast, so its gradient
+    comes back in its own dtype; anything else reaches the library, which says what is
+    wrong with it."""
+    if sink is None or sink.dtype == torch.float32 or not sink.is_floating_point():
+        return sink
+    return sink.float()
+
+
 def _attention(packing, a, b, c, varlen, dropout_p, softmax_scale, causal, window_size, softcap,
                alibi_slopes, deterministic, return_probs, learnable_sink=None):
     """out, softmax_lse, probs of q, k, v ("" packing) or of a packed qkv or kv (_split);
-    the other arguments as _forward_call's. Differentiable (learnable_sink too). The
-    dropout's (seed, offset) is drawn here, outside _FlashAttnFunc, where torch.compile
-    can trace it."""
+    the other arguments as _forward_call's. Differentiable (learnable_sink too, of any
+    floating dtype: _sink32). The dropout's (seed, offset) is drawn here, outside
+    _FlashAttnFunc, where torch.compile can trace it."""
+    learnable_sink = _sink32(learnable_sink)
     rest = (softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
             return_probs, learnable_sink)
     max_k = (a if packing == "qkv" else b).shape[1] if varlen is None else varlen[3]
@@ -625,10 +638,11 @@ _COMMON_DOC = """
     alibi_slopes: fp32 (nheads,) or (batch, nheads); adds -slope * |i + seqlen_k - seqlen_q - j|.
     deterministic: bitwise-reproducible backward.
     learnable_sink: keyword only (a flashc extension: flash_attn 2's positional
-        parameters stay as they are); fp32 (nheads,), learnable attention sinks (gpt-oss): head h gets one
-        more logit s_h in the softmax's denominator that takes no value, so out_i =
-        sum_j e^{x_ij} v_j / (e^{s_h} + sum_j e^{x_ij}) and softmax_lse includes it; a row
-        without keys gets out 0 and lse s_h. Dropout drops the keys' probabilities only.
+        parameters stay as they are); (nheads,) of a floating dtype (fp32 inside; a bf16
+        sink, a bf16 model's parameter, gets its gradient in bf16), learnable attention
+        sinks (gpt-oss): head h gets one more logit s_h in the softmax's denominator
+        that takes no value, so out_i = sum_j e^{x_ij} v_j / (e^{s_h} + sum_j e^{x_ij})
+        and softmax_lse includes it; a row without keys gets out 0 and lse s_h. Dropout drops the keys' probabilities only.
         Differentiable (its gradient is -sum_i e^{s_h - lse_i} dout_i . out_i).
     return_attn_probs: also return softmax_lse (fp32) and the probabilities (fp32,
         negative where dropped; written on CPU tensors, and on CUDA tensors with dropout,
@@ -718,7 +732,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     given (q too: at cache_seqlens[b] + i when causal or windowed, else at
     cache_seqlens[b]). cache_seqlens: int or int32 (batch,), rows in use;
     cache_batch_idx: int32 (batch,), cache row of each batch entry; cache_leftpad: int32
-    (batch,), first key row of each. learnable_sink: fp32 (nheads,), as flash_attn_func's.
+    (batch,), first key row of each. learnable_sink: (nheads,), as flash_attn_func's.
     v_cache and v may have a head dim other than q's (out has it). No backward. Returns out, or (out, softmax_lse) with return_softmax_lse."""
     fn = "flash_attn_with_kvcache"
     _rank(fn, "q", q, {4: _BSHD})
@@ -741,5 +755,5 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                     cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                     alibi_slopes, softmax_scale, causal, window_left,
                                     window_right, softcap, rotary_interleaved, num_splits,
-                                    learnable_sink))
+                                    _sink32(learnable_sink)))
     return (out, lse) if return_softmax_lse else out

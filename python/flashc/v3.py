@@ -43,7 +43,7 @@ are, the KV-cache function is forward only (as FA3's).
                            num_heads_kv, headdim, cache_seqlens, ...) -> None
 
 Beyond FA3: the four attention functions take learnable_sink= (keyword only), learnable
-attention sinks as flashc's 2.x functions take them (fp32 (nheads,), differentiable; the
+attention sinks as flashc's 2.x functions take them ((nheads,), any floating dtype, differentiable; the
 name FA4's interface uses), or the same tensor as s_aux= (the name of vLLM's FA3 build,
 vllm_flash_attn, which transformers passes where a flash function's signature has it);
 both at once raise FlashcArgumentError.

@@ -251,7 +251,32 @@ def test_bad_sink():
     with pytest.raises(flashc.FlashcArgumentError, match="sink.shape"):
         flashc.flash_attn_func(q, q, q, learnable_sink=torch.zeros(3))
     with pytest.raises(flashc.FlashcArgumentError, match="sink.dtype"):
-        flashc.flash_attn_func(q, q, q, learnable_sink=torch.zeros(2, dtype=torch.float16))
+        flashc.flash_attn_func(q, q, q, learnable_sink=torch.zeros(2, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("sink_dtype", ["bf16", "fp16"])
+def test_low_precision_sink(sink_dtype):
+    """A bf16 or fp16 sink (the parameter of a model in that dtype) runs as its fp32 value,
+    forward and backward bitwise as an fp32 sink of the same values, through the
+    functions and the kvcache one; its gradient comes back in its dtype, the fp32 sink's
+    gradient rounded."""
+    b, s, h, hk, d = 2, 9, 4, 2, 16
+    q, k, v = (rand(b, s, n, d, dtype=torch.bfloat16, seed=i)
+               for i, n in ((1, h), (2, hk), (3, hk)))
+    dout = rand(b, s, h, d, dtype=torch.bfloat16, seed=6)
+    low = sink_for(h).to(DT[sink_dtype]).requires_grad_()
+    f32 = low.detach().float().requires_grad_()
+    got, want = (flashc.flash_attn_func(q, k, v, causal=True, learnable_sink=t, return_attn_probs=True)
+                 for t in (low, f32))
+    for g, w in zip(got[:2], want[:2]):
+        assert torch.equal(g, w)
+    got[0].backward(dout)
+    want[0].backward(dout)
+    assert low.grad.dtype == low.dtype and torch.equal(low.grad, f32.grad.to(low.dtype))
+    cache = [t.clone() for t in (k, v)]
+    outs = [flashc.flash_attn_with_kvcache(q[:, :1], *cache, cache_seqlens=5, learnable_sink=t)
+            for t in (low.detach(), f32.detach())]
+    assert torch.equal(outs[0], outs[1])
 
 
 # ---- the decode path on CUDA tensors ----
