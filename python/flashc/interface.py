@@ -703,7 +703,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
 flash_attn_func.__doc__ = """Attention of q (batch, seqlen_q, nheads, headdim) over k, v
     (batch, seqlen_k, nheads_k, headdim), nheads % nheads_k == 0 (MQA/GQA). v's head dim
     may differ from q's and k's (DeepSeek MLA: 192 and 128; here and in the varlen and
-    kvcache functions, CPU tensors only for now): out then has v's.""" + _COMMON_DOC
+    kvcache functions, CPU and CUDA tensors): out then has v's.""" + _COMMON_DOC
 flash_attn_qkvpacked_func.__doc__ = """flash_attn_func on qkv (batch, seqlen, 3, nheads,
     headdim); the gradient is one (batch, seqlen, 3, nheads, headdim) tensor.""" + _COMMON_DOC
 flash_attn_kvpacked_func.__doc__ = """flash_attn_func on q and kv (batch, seqlen_k, 2,
