@@ -28,7 +28,9 @@ untimed sdpa-flash call).
 autograd backward of one forward graph, retain_graph), --mode fwdbwd the
 forward and the backward together; FLOPs are 2.5x and 3.5x the forward's
 (flash-attention's convention). Backends: flashc, flashc-det (deterministic =
-1, to show its cost), sdpa-flash, sdpa-cudnn; max_err is the largest of dq, dk,
+1, to show its cost), flashc-ws and flashc-ws-det (the same with
+FLASHC_CUDA_BWD_WS=1: the warp-specialised sm90 backward, set around their own
+calls only), sdpa-flash, sdpa-cudnn; max_err is the largest of dq, dk,
 dv against sdpa-flash's gradients (SDPA's math kernel's where GQA keeps the flash
 kernel out). --heads H/Hk gives GQA shapes in every mode (SDPA through enable_gqa).
 
@@ -219,7 +221,8 @@ def main():
     ap.add_argument("--backends", default="",
                     help="subset to time (flashc alone: a quick look at a tuning variant); default "
                          "sdpa-flash,sdpa-cudnn,flashc-sm80,flashc (fwd, decode) or "
-                         "sdpa-flash,sdpa-cudnn,flashc-det,flashc (bwd, fwdbwd)")
+                         "sdpa-flash,sdpa-cudnn,flashc-det,flashc (bwd, fwdbwd; flashc-ws and "
+                         "flashc-ws-det there on request)")
     ap.add_argument("--csv", default="")
     ap.add_argument("--decode-shapes", default="32x32x32x4096,8x32x32x32768,1x32x32x131072,64x32x8x8192",
                     help="decode: batch x heads x kv_heads x keys, comma-separated")
@@ -303,7 +306,18 @@ def bench_bwd(args, fc):
     """--mode bwd / fwdbwd: the loop of main() with gradients."""
     rows, table = [], []
     torch.manual_seed(0)
-    names = ["sdpa-flash", "sdpa-cudnn", "flashc-det", "flashc"]
+    names = ["sdpa-flash", "sdpa-cudnn", "flashc-det", "flashc", "flashc-ws-det", "flashc-ws"]
+    env_ws = os.environ.get("FLASHC_CUDA_BWD_WS")
+
+    def set_ws(name):
+        """FLASHC_CUDA_BWD_WS (read by bwd.cu at every call): 1 for the flashc-ws
+        backends, the caller's value for the others."""
+        if name.startswith("flashc-ws"):
+            os.environ["FLASHC_CUDA_BWD_WS"] = "1"
+        elif env_ws is None:
+            os.environ.pop("FLASHC_CUDA_BWD_WS", None)
+        else:
+            os.environ["FLASHC_CUDA_BWD_WS"] = env_ws
     for dn, dt, d, s, causal, h, b in sweep(args):
         hk = kv_heads(args, h)
         q, k, v, out, lse, _, gqa = fwd_operands(b, s, h, hk, d, dt)
@@ -342,8 +356,9 @@ def bench_bwd(args, fc):
         results = []
         for name in (n for n in names if n in args.backends.split(",")):
             try:
+                set_ws(name)
                 if name.startswith("flashc"):
-                    fn = flashc(name == "flashc-det")
+                    fn = flashc(name.endswith("-det"))
                 else:
                     fn = sdpa(SDPBackend.FLASH_ATTENTION if name == "sdpa-flash"
                               else SDPBackend.CUDNN_ATTENTION)
@@ -366,12 +381,14 @@ def bench_bwd(args, fc):
                          fl / (ms * 1e-3) / 1e12, nbytes / (ms * 1e-3) / 1e9, err))
         base = {n: float("nan") for n in names}
         base.update({n: m for n, m, _ in results})
-        line = ("%s d%-3d s%-5d %s %-6s flashc %6.1f  flashc-det %6.1f  sdpa-flash %6.1f  "
-                "sdpa-cudnn %6.1f TFLOP/s  (flashc/FA2 %.2fx) err %s" %
+        line = ("%s d%-3d s%-5d %s %-6s flashc %6.1f  flashc-det %6.1f  flashc-ws %6.1f  "
+                "flashc-ws-det %6.1f  sdpa-flash %6.1f  sdpa-cudnn %6.1f TFLOP/s  "
+                "(flashc/FA2 %.2fx) err %s" %
                 (dn, d, s, "h%d/%d b%d" % (h, hk, b), "causal" if causal else "",
-                 fl / base["flashc"] / 1e9, fl / base["flashc-det"] / 1e9, fl / base["sdpa-flash"] / 1e9,
-                 fl / base["sdpa-cudnn"] / 1e9, base["sdpa-flash"] / base["flashc"],
-                 results[-1][2]))
+                 fl / base["flashc"] / 1e9, fl / base["flashc-det"] / 1e9,
+                 fl / base["flashc-ws"] / 1e9, fl / base["flashc-ws-det"] / 1e9,
+                 fl / base["sdpa-flash"] / 1e9, fl / base["sdpa-cudnn"] / 1e9,
+                 base["sdpa-flash"] / base["flashc"], results[-1][2]))
         print(line, flush=True)
         table.append(line)
         del q, k, v, dout, out, lse, dq, dk, dv, qt, kt, vt, ref

@@ -14,8 +14,8 @@ writes
                                              FC_F_FWD_HEADDIMS(X), the list
                                              the dispatch switch is built from
 
-and from FC_SM80_BWD_TILES and FC_SM90_BWD_TILES in src/cuda/traits.h the
-backward's, for F = sm80, sm90:
+and from FC_SM80_BWD_TILES, FC_SM90_BWD_TILES and FC_SM90WS_BWD_TILES in
+src/cuda/traits.h the backward's, for F = sm80, sm90, sm90ws:
 
     src/cuda/F/inst/bwd_d{D}_{bf16,fp16}.cu        F_bwd_launch<D, T, causal>
     src/cuda/F/inst/bwd_instances.h                their extern declarations and
@@ -42,8 +42,8 @@ import generated
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TRAITS = ROOT / "src" / "cuda" / "traits.h"
-FAMILIES = ["sm80", "sm90"]  # the families with a forward and a backward
-FWD_FAMILIES = FAMILIES + ["sm90ws"]
+FWD_FAMILIES = ["sm80", "sm90", "sm90ws"]
+BWD_FAMILIES = FWD_FAMILIES
 INST = ROOT / "src" / "cuda" / "sm80" / "inst"
 DTYPES = [("bf16", "__nv_bfloat16"), ("fp16", "__half")]
 HEADER = "// generated; do not edit. Written by tools/gen_instances.py from src/cuda/traits.h.\n"
@@ -104,7 +104,10 @@ def instances_h(fam, dims, dir_="fwd", args=LAUNCH_ARGS, params=("params.h", "fc
     return "".join(out)
 
 
-BWD_ARGS = "const fc_cuda_bwd_params &, dim3, cudaStream_t"
+# The backward's kernel arguments per family: (header, struct); sm90ws adds TMA descriptors.
+BWD_PARAMS = {"sm80": ("bwd_params.h", "fc_cuda_bwd_params"),
+              "sm90": ("bwd_params.h", "fc_cuda_bwd_params"),
+              "sm90ws": ("ws_params.h", "fc_cuda_bwd_ws_params")}
 
 
 DECODE_TRAITS = ROOT / "src" / "cuda" / "decode_traits.h"
@@ -163,12 +166,13 @@ def generate():
         instances(files, stale, ROOT / "src" / "cuda" / fam / "inst", "fwd", dims,
                   lambda d, ty, fam=fam, args=args: instance_file(fam, d, ty, args=args),
                   "instances.h", instances_h(fam, dims, args=args, params=params))
-    for fam in FAMILIES:
+    for fam in BWD_FAMILIES:
         dims = table_dims(TRAITS, f"FC_{fam.upper()}_BWD_TILES")
+        params = BWD_PARAMS[fam]
+        args = f"const {params[1]} &, dim3, cudaStream_t"
         instances(files, stale, ROOT / "src" / "cuda" / fam / "inst", "bwd", dims,
-                  lambda d, ty, fam=fam: instance_file(fam, d, ty, "bwd", BWD_ARGS),
-                  "bwd_instances.h",
-                  instances_h(fam, dims, "bwd", BWD_ARGS, ("bwd_params.h", "fc_cuda_bwd_params")))
+                  lambda d, ty, fam=fam, args=args: instance_file(fam, d, ty, "bwd", args),
+                  "bwd_instances.h", instances_h(fam, dims, "bwd", args, params))
     dims = table_dims(DECODE_TRAITS, "FC_SM80_DECODE_TILES")
     instances(files, stale, INST, "decode", dims, decode_instance_file, "decode_instances.h",
               decode_instances_h(dims))

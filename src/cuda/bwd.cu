@@ -10,6 +10,10 @@
 // query heads over several CTAs when the grid is short, fc_bwd_kv_split, and
 // fc_bwd_dkv_kernel then sums their fp32 dK, dV parts), fc_bwd_dq_kernel
 // (dq = dq_accum * scale), the copy-back of packed dk, dv.
+// FLASHC_CUDA_BWD_WS=1 in the environment (read at each call) runs the sm90
+// family's main kernel warp-specialised instead, sm90ws/bwd_kernel.cuh (same
+// tiles, scratch and results; fc_bwd_ws_refusal says when it cannot, and
+// the sm90 kernel runs); it is not the default until measured faster.
 // With params.deterministic the main kernel's turn counters are zeroed first.
 // Scratch (bwd_params.h) comes from the workspace: lse2 and delta [H][rows],
 // dq_accum [H][rows][dq_pitch] fp32, the counters [H][rows / Br] int32.
@@ -22,6 +26,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "plan.h"
 
@@ -31,7 +36,9 @@
 #include "common/bwd_prep.cuh"
 #include "sm80/inst/bwd_instances.h"
 #include "sm90/inst/bwd_instances.h"
+#include "sm90ws/inst/bwd_instances.h"
 #include "traits.h"
+#include "ws_params.h"
 
 static const int kFcSm80BwdDims[] = {FC_SM80_BWD_HEADDIMS(FC_DIM_ENTRY_) 0};
 static const int kFcSm90BwdDims[] = {FC_SM90_BWD_HEADDIMS(FC_DIM_ENTRY_) 0};
@@ -85,6 +92,39 @@ static cudaError_t fc_sm90_bwd_run(const fc_cuda_bwd_params &p, bool causal, dim
                   : sm90_bwd_launch<D, T, false>(p, grid, stream);
 }
 
+template <int D, typename T>
+static cudaError_t fc_sm90ws_bwd_run(const fc_cuda_bwd_ws_params &wp, bool causal, dim3 grid,
+                                     cudaStream_t stream) {
+    using Tr = fc_sm90ws_bwd_traits<D>;
+    FC_LOG("sm90ws_bwd_kernel<D=%d, %s, causal=%d>: Br=%d Bc=%d q_stages=%d dq_bufs=%d "
+           "grid=(%u,%u,%u) block=%d smem=%d deterministic=%d kv_split=%d", D,
+           fc_cuda_dtype_name<T>(), (int)causal, Tr::kBr, Tr::kBc, Tr::kQStages, Tr::kDQBufs,
+           grid.x, grid.y, grid.z, Tr::kThreads, Tr::kSmemBytes, (int)wp.b.deterministic,
+           wp.b.kv_split);
+    return causal ? sm90ws_bwd_launch<D, T, true>(wp, grid, stream)
+                  : sm90ws_bwd_launch<D, T, false>(wp, grid, stream);
+}
+
+// Shared memory of the sm90ws backward instance of head dim `dim`, or 0 if none.
+static int fc_bwd_ws_smem(int dim) {
+#define FC_WS_SMEM_(D) \
+    if (dim == D) return fc_sm90ws_bwd_traits<D>::kSmemBytes;
+    FC_SM90WS_BWD_HEADDIMS(FC_WS_SMEM_)
+#undef FC_WS_SMEM_
+    return 0;
+}
+
+// Why the sm90ws backward cannot run a call that the sm90 family runs with
+// the instance of head dim `dim` (its tile: the same), or NULL.
+static const char *fc_bwd_ws_refusal(const fc_attn *a, int dim, const fc_cuda_device &dv) {
+    if (a->head_dim_v != a->head_dim) return "a value head dim other than the query's";
+    const int smem = fc_bwd_ws_smem(dim);
+    if (smem == 0) return "no sm90ws backward instance for this head dim";
+    if (smem > dv.smem_optin) return "its shared memory exceeds the device's limit";
+    if (!fc_cuda_tma_available()) return "the driver has no cuTensorMapEncodeTiled";
+    return NULL;
+}
+
 enum { FC_BWW_PACK, FC_BWW_LSE2, FC_BWW_DELTA, FC_BWW_DQACC, FC_BWW_SEM, FC_BWW_DKV, FC_BWW_N };
 
 // The GQA split of the sm90 kernel (bwd_params.h kv_split): S CTAs per (key
@@ -129,6 +169,7 @@ typedef struct {
     int64_t dq_pitch; // floats per dq_accum row: sm90 the instance's D (its bulk
                       // reductions cover whole rows), sm80 the packed row
     bool causal;      // the kCausal instance
+    bool ws;          // sm90: the warp-specialised kernel (FLASHC_CUDA_BWD_WS=1)
     bool empty;       // no batch, head or key: nothing to write
     int64_t rows;     // scratch rows per head (a multiple of 128)
     int32_t sq_pad;   // batched: Sq rounded up to kFcBwdPadRows
@@ -160,6 +201,14 @@ static flashc_status fc_cuda_bwd_plan_make(const fc_attn *a, fc_cuda_bwd_plan *p
                             (long long)a->head_dim, (long long)a->head_dim_v, smem, dv.dev,
                             dv.smem_optin);
     pl->causal = a->window_right == 0;
+    const char *ws_env = getenv("FLASHC_CUDA_BWD_WS");
+    if (sm90 && ws_env && strcmp(ws_env, "1") == 0) {
+        const char *why = fc_bwd_ws_refusal(a, pl->dim, dv);
+        if (why)
+            FC_LOG("sm90ws backward not used (%s): the sm90 kernel runs", why);
+        else
+            pl->ws = true;
+    }
     pl->empty = a->batch == 0 || a->heads == 0 || a->max_seqlen_k == 0;
 
     const int64_t pad = kFcBwdPadRows;
@@ -284,21 +333,41 @@ extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes
         break;
 #define FC_CASE80_(D) FC_CASE_(sm80, D)
 #define FC_CASE90_(D) FC_CASE_(sm90, D)
-    if (pl.family == FC_FAMILY_SM90) {
+#define FC_CASE90WS_(D)                                                        \
+    case D:                                                                    \
+        e = bf16 ? fc_sm90ws_bwd_run<D, __nv_bfloat16>(wp, pl.causal, grid, stream) \
+                 : fc_sm90ws_bwd_run<D, __half>(wp, pl.causal, grid, stream);       \
+        break;
+    bool use_ws = pl.ws;
+    fc_cuda_bwd_ws_params wp;
+    if (use_ws) {
+        // the TMA descriptors of q and dout: boxes of 64 columns by Br rows of one head
+        wp.b = p;
+        use_ws =
+            fc_cuda_tma_map(&wp.tma_q, packed.q, pl.pk.dims[FC_PACK_Q], pl.pk.dp, 1, pl.br) &&
+            fc_cuda_tma_map(&wp.tma_do, packed.dout, pl.pk.dims[FC_PACK_DOUT], pl.pk.dp, 1, pl.br);
+        if (!use_ws)
+            FC_LOG("sm90ws backward not used (the CUDA driver refused a TMA descriptor of q or "
+                   "dout): the sm90 kernel runs");
+    }
+    if (use_ws) {
+        switch (pl.dim) { FC_SM90WS_BWD_HEADDIMS(FC_CASE90WS_) default: break; }
+    } else if (pl.family == FC_FAMILY_SM90) {
         switch (pl.dim) { FC_SM90_BWD_HEADDIMS(FC_CASE90_) default: break; }
     } else {
         switch (pl.dim) { FC_SM80_BWD_HEADDIMS(FC_CASE80_) default: break; }
     }
+#undef FC_CASE90WS_
 #undef FC_CASE90_
 #undef FC_CASE80_
 #undef FC_CASE_
     if (e != cudaSuccess)
-        return fc_set_error(FLASHC_ERR_CUDA, "sm%d_bwd_kernel<D=%d, %s, causal=%d> launch: %s",
-                            pl.family, pl.dim, bf16 ? "bf16" : "fp16", (int)pl.causal,
-                            cudaGetErrorString(e));
+        return fc_set_error(FLASHC_ERR_CUDA, "sm%d%s_bwd_kernel<D=%d, %s, causal=%d> launch: %s",
+                            pl.family, use_ws ? "ws" : "", pl.dim, bf16 ? "bf16" : "fp16",
+                            (int)pl.causal, cudaGetErrorString(e));
     // behind the sm90 main kernel (a programmatic dependent launch itself) the
     // dKV and dQ kernels are too: they start during its last wave, and wait
-    const bool pdl = pl.family == FC_FAMILY_SM90;
+    const bool pdl = pl.family == FC_FAMILY_SM90 && !use_ws;
     if (pl.kv_split > 1) {
         const dim3 kv_grid((unsigned)((a->max_seqlen_k + kFcBwdPrepRows - 1) / kFcBwdPrepRows),
                            (unsigned)a->kv_heads, (unsigned)a->batch);

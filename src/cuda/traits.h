@@ -1,7 +1,8 @@
 // traits.h : the tuning tables of the CUDA kernels (the one place their tile
-// sizes are chosen), and the sizes derived from them. Four tables, each in
-// its own section: the forward and the backward of the sm80 family (which
-// also runs on sm90), and of the sm90 family (wgmma, sm_90a only).
+// sizes are chosen), and the sizes derived from them. Each table has its own
+// section: the forward and the backward of the sm80 family (which also runs
+// on sm90), of the sm90 family (wgmma, sm_90a only), and of the sm90ws family
+// (warp-specialised, TMA).
 // tools/gen_instances.py and tools/gen_wgmma.py read their rows.
 //
 // The sm80 forward, first: one row per head dim D (sm80/fwd_kernel.cuh): the
@@ -421,6 +422,60 @@ struct fc_sm90_bwd_traits : fc_sm90_bwd_tile<D> {
                   "the CTAs per SM must fit the SM's shared memory");
     static_assert(kAccRegs <= 192 && kKN + kDQN / 2 <= 192,
                   "accumulators leave too few of the 255 registers");
+};
+
+// ---- the sm90ws backward (sm90ws/bwd_kernel.cuh: the sm90 backward, warp-specialised) ----
+// One row per head dim D with a warp-specialised instance; its tile is D's
+// row of FC_SM90_BWD_TILES. The CTA adds a producer warpgroup (one warp loads
+// Q, dO by TMA and lse2, delta by cp.async, one is the dQ writer) to the two
+// consumer warpgroups, one CTA per SM: setmaxnreg gives the producer 24
+// registers a thread and the consumers 240 (24 x 128 + 240 x 256 = 384 x
+// 168, the CTA's registers at launch: with 32 for the producer the
+// consumers' setmaxnreg.inc would wait forever).
+// The column: the fp32 dQ tiles between the consumers and the writer, 2 where
+// they fit (the consumers store the next while the writer's reduction of the
+// last reads the other), else 1 (D = 256: 64 KB each). Shared memory: the sm90
+// row's, one dQ tile more per extra buffer, and the barriers (full and empty
+// per Q / dO stage and per dQ buffer).
+#ifndef FC_SM90WS_BWD_TILES
+//   X(D,  dQ buffers)
+#define FC_SM90WS_BWD_TILES(X) \
+    X(64,  2)                  \
+    X(128, 2)                  \
+    X(256, 1)
+#endif
+
+template <int D>
+struct fc_sm90ws_bwd_tile;  // only the rows of the table exist
+
+#define FC_SM90WS_BWD_TILE_ROW_(D_, DQB) \
+    template <>                          \
+    struct fc_sm90ws_bwd_tile<D_> {      \
+        static constexpr int kDQBufs = DQB; \
+    };
+FC_SM90WS_BWD_TILES(FC_SM90WS_BWD_TILE_ROW_)
+#undef FC_SM90WS_BWD_TILE_ROW_
+
+template <int D>
+struct fc_sm90ws_bwd_traits {
+    using base = fc_sm90_bwd_traits<D>;  // the tile, the consumers' layout
+    static constexpr int kBr = base::kBr, kBc = base::kBc, kQStages = base::kQStages;
+    static constexpr int kDQBufs = fc_sm90ws_bwd_tile<D>::kDQBufs;
+    static constexpr int kConsumerThreads = base::kThreads;  // the sm90 kernel's two warpgroups
+    static constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
+    // setmaxnreg moves registers within the CTA's launch allocation: 384
+    // threads at 168 (64K / 384, a multiple of 8) = 24 x 128 + 240 x 256
+    static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+    static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+    static constexpr int kBarBytes = 8 * 2 * (kQStages + kDQBufs);
+    static constexpr int kSmemBytes = base::kSmemBytes + (kDQBufs - 1) * base::kDQBytes + kBarBytes;
+
+    static_assert(kDQBufs == 1 || kDQBufs == 2, "one or two dQ buffers");
+    static_assert(kSmemBytes <= FC_SM90_SMEM_LIMIT, "shared memory must fit 227 KB (sm90)");
+    static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <=
+                      kLaunchRegs * kThreads,
+                  "the register budgets must fit the CTA's launch allocation");
+    static_assert(kBr <= 256, "a TMA box has at most 256 rows");
 };
 
 #endif  // FLASHC_CUDA_TRAITS_H

@@ -1,6 +1,7 @@
-// ws_params.h : the argument struct of the warp-specialised sm90 forward
-// (sm90ws/fwd_kernel.cuh): the forward's kernel arguments (params.h) and
-// one TMA descriptor per input operand, built on the host per call
+// ws_params.h : the argument structs of the warp-specialised sm90 kernels
+// (sm90ws/fwd_kernel.cuh, sm90ws/bwd_kernel.cuh): the kernel arguments of
+// the forward (params.h) or the backward (bwd_params.h) and one TMA
+// descriptor per operand the producer loads, built on the host per call
 // (plan.cu fc_cuda_tma_map) and passed with the rest as a __grid_constant__.
 //
 // Each descriptor views its operand as the 4-d tensor (d, heads, rows, n0)
@@ -13,6 +14,7 @@
 
 #include <cuda.h>
 
+#include "bwd_params.h"
 #include "params.h"
 
 // GQA packing (pack = G = heads / kv_heads, else 1): the G query heads of one
@@ -35,5 +37,11 @@ typedef struct fc_cuda_fwd_ws_params {
     int32_t pack_shift;  // log2(pack): Br % pack == 0 with Br a power of two
     int32_t short_row;   // 1: the head dim's short-work row runs (traits.h), else its row
 } fc_cuda_fwd_ws_params;
+
+// The backward (bwd.cu): q and dout, boxes of (64, 1 head, Br rows, 1).
+typedef struct fc_cuda_bwd_ws_params {
+    fc_cuda_bwd_params b;
+    CUtensorMap tma_q, tma_do;
+} fc_cuda_bwd_ws_params;
 
 #endif  // FLASHC_CUDA_WS_PARAMS_H

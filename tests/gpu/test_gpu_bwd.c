@@ -20,7 +20,13 @@
  * - operands the kernels cannot read in place: D in {7, 36, 100} and a
  *   misaligned dq / dk;
  * - the GQA split of the sm90 kernel forced to 1, 2 and G (gpu_bwd_kv_split,
- *   below); every other case runs it as the rule picks.
+ *   below); every other case runs it as the rule picks;
+ * - the warp-specialised sm90 kernel (FLASHC_CUDA_BWD_WS=1, gpu_bwd_ws below):
+ *   its ring of query blocks wrapping, Sq not a multiple of Br, each head
+ *   dim's row, options, deterministic runs, the GQA split with the dQ writer,
+ *   varlen with NaN rows past the last sequence; the launch line must name
+ *   sm90ws_bwd_kernel on Hopper. Every case here runs on it when the whole
+ *   suite runs under FLASHC_CUDA_BWD_WS=1.
  *
  * Build: this file + gpu_helpers.c + tests/helpers.c + tests/run.c, linked with
  * flashc_static and cudart. Needs a CUDA device of compute capability >= 8.0.
@@ -43,6 +49,7 @@ typedef struct {
     int deterministic; /* runs: 1, or 50 for the bitwise race test */
     int misalign;      /* dq and dk one element past their buffers' starts */
     int split;         /* FLASHC_CUDA_BWD_SPLIT for the case, 0: unset (the rule) */
+    int ws;            /* 1: FLASHC_CUDA_BWD_WS=1, the launch line checked */
 } gbw_case;
 
 #define GBW_MAX_CASES 320
@@ -187,12 +194,53 @@ done:
     gb_free(&ar);
 }
 
-/* gbw_run_batched with FLASHC_CUDA_BWD_SPLIT set to the case's split (unset for 0). */
+// ---- FLASHC_CUDA_BWD_WS: the warp-specialised kernel, and the launch line ----
+
+typedef struct {
+    void (*run)(const void *);
+    const void *param;
+} gbw_call;
+
+static void gbw_call_run(void *ctx) {
+    const gbw_call *k = (const gbw_call *)ctx;
+    k->run(k->param);
+}
+
+/* run(param) with FLASHC_CUDA_BWD_WS=1 when ws, the backward's launch line
+ * then checked: sm90ws_bwd_kernel on compute capability 9.0 (every head dim
+ * of these cases has an instance), sm80_bwd_kernel elsewhere, nothing else. */
+static void gbw_with_ws(int ws, void (*run)(const void *), const void *param) {
+    if (!ws) {
+        run(param);
+        return;
+    }
+    gb_env e;
+    gb_env_enter(&e, "FLASHC_CUDA_BWD_WS", "1");
+    gbw_call k = {run, param};
+    char *log = th_capture_log("1", gbw_call_run, &k);
+    gb_env_leave(&e);
+    FC_ASSERT_TRUE(log != NULL);
+    static const char *const kernels[3] = {"sm80_bwd_kernel<", "sm90_bwd_kernel<",
+                                           "sm90ws_bwd_kernel<"};
+    const char *want = gb_device_is_sm90() ? kernels[2] : kernels[0];
+    for (int i = 0; i < 3; i++)
+        if ((strstr(log, kernels[i]) != NULL) != (kernels[i] == want))
+            fc_test_fail(__FILE__, __LINE__, "FLASHC_CUDA_BWD_WS=1: %s \"%s\" in the log:\n%s",
+                         kernels[i] == want ? "no" : "unexpected", kernels[i], log);
+    free(log);
+}
+
+static void gbw_run_ws(const void *param) {
+    gbw_with_ws(((const gbw_case *)param)->ws, gbw_run_batched, param);
+}
+
+/* gbw_run_batched with FLASHC_CUDA_BWD_SPLIT set to the case's split (unset
+ * for 0) and FLASHC_CUDA_BWD_WS as the case says. */
 static void gbw_run_case(const void *param) {
     const gbw_case *c = (const gbw_case *)param;
     char v[16];
     snprintf(v, sizeof v, "%d", c->split);
-    gb_with_env("FLASHC_CUDA_BWD_SPLIT", c->split ? v : NULL, gbw_run_batched, param);
+    gb_with_env("FLASHC_CUDA_BWD_SPLIT", c->split ? v : NULL, gbw_run_ws, param);
 }
 
 static void gbw_add(const char *name, const gbw_case *c) {
@@ -292,8 +340,10 @@ typedef struct {
     int64_t d, h, hk;
     int causal;
     int split; /* FLASHC_CUDA_BWD_SPLIT, 0: unset */
+    int ws;    /* 1: FLASHC_CUDA_BWD_WS=1, the launch line checked */
+    int slack; /* q and dout rows past the last sequence (total_q > cu_seqlens_q[B]), NaN */
 } gbw_vcase;
-static gbw_vcase gbw_vcases[8];
+static gbw_vcase gbw_vcases[12];
 static int gbw_nvcases;
 
 /* q, k, v as views of one [total, H + 2 Hk, D] buffer per side (a packed layout). */
@@ -314,7 +364,8 @@ static void gbw_run_varlen(const void *param) {
         max_q = gbv_lq[b] > max_q ? gbv_lq[b] : max_q;
         max_k = gbv_lk[b] > max_k ? gbv_lk[b] : max_k;
     }
-    const int64_t tq = cuq[GBV_B], tk = cuk[GBV_B], W = H + 2 * Hk;
+    /* tq rows of q-likes, the last `slack` in no sequence */
+    const int64_t sq_rows = cuq[GBV_B], tq = sq_rows + c->slack, tk = cuk[GBV_B], W = H + 2 * Hk;
     const int64_t tmax = tq > tk ? tq : tk;
     gb_buf *in = gb_new(&ar, (size_t)(tmax * W * D) * es);  /* q | k | v per token */
     gb_buf *dob = gb_new(&ar, (size_t)(tq * H * D) * es), *ob = gb_new(&ar, (size_t)(tq * H * D) * es);
@@ -324,6 +375,11 @@ static void gbw_run_varlen(const void *param) {
     if (!in || !dob || !ob || !lb || !gr || !cq || !ck) goto done;
     gb_fill(in, dt, -1.0, 1.0);
     gb_fill(dob, dt, -1.0, 1.0);
+    if (c->slack) {
+        /* NaN q (the H heads of each packed row) and dout past the sequences */
+        for (int64_t r = sq_rows; r < tq; r++) fc_poison((char *)in->h + (size_t)(r * W * D) * es, dt, H * D);
+        fc_poison((char *)dob->h + (size_t)(sq_rows * H * D) * es, dt, c->slack * H * D);
+    }
     memcpy(cq->h, cuq, sizeof cuq);
     memcpy(ck->h, cuk, sizeof cuk);
     if (!gb_upload(in) || !gb_upload(dob) || !gb_upload(cq) || !gb_upload(ck) || !gb_poison(ob) ||
@@ -375,33 +431,47 @@ static void gbw_run_varlen(const void *param) {
         gbw_refs_new(&ar, n, &rf);
         GB_OK(fc_ref_varlen_bwd(&ha, &p, FC_REF_F64, rf.r[0], rf.r[1], rf.r[2]));
         GB_OK(fc_ref_varlen_bwd(&ha, &p, FC_REF_LOWP, rf.l[0], rf.l[1], rf.l[2]));
-        gbw_check3(&rf, dt, &ha.dq, &ha.dk, &ha.dv, n);
+        /* dq's rows in no sequence are nobody's: checked are the sequences' */
+        flashc_tensor dq_seq = ha.dq;
+        dq_seq.shape[0] = sq_rows;
+        const int64_t n_seq[3] = {sq_rows * H * D, n[1], n[2]};
+        gbw_check3(&rf, dt, &dq_seq, &ha.dk, &ha.dv, n_seq);
     }
 done:
     gb_free(&ar);
+}
+
+static void gbw_run_varlen_ws(const void *param) {
+    gbw_with_ws(((const gbw_vcase *)param)->ws, gbw_run_varlen, param);
 }
 
 static void gbw_run_varlen_case(const void *param) {
     const gbw_vcase *c = (const gbw_vcase *)param;
     char v[16];
     snprintf(v, sizeof v, "%d", c->split);
-    gb_with_env("FLASHC_CUDA_BWD_SPLIT", c->split ? v : NULL, gbw_run_varlen, param);
+    gb_with_env("FLASHC_CUDA_BWD_SPLIT", c->split ? v : NULL, gbw_run_varlen_ws, param);
+}
+
+static void gbw_add_varlen(const char *kind, const gbw_vcase *c) {
+    if (gbw_nvcases == (int)FC_COUNT(gbw_vcases)) {
+        fprintf(stderr, "test_gpu_bwd: too many varlen cases\n");
+        abort();
+    }
+    gbw_vcases[gbw_nvcases] = *c;
+    char name[128];
+    snprintf(name, sizeof name, "gpu_bwd_varlen_%s%s_d%lld_h%lldk%lld%s", kind,
+             flashc_dtype_name(c->dt), (long long)c->d, (long long)c->h, (long long)c->hk,
+             c->causal ? "/causal" : "");
+    fc_test_add(name, gbw_run_varlen_case, &gbw_vcases[gbw_nvcases]);
+    gbw_nvcases++;
 }
 
 FC_TEST_REGISTER(gpu_bwd_varlen) {
-    static const gbw_vcase cs[4] = {{FLASHC_DTYPE_BF16, 64, 4, 2, 0, 0},
-                                    {FLASHC_DTYPE_BF16, 64, 4, 2, 1, 0},
-                                    {FLASHC_DTYPE_FP16, 128, 3, 3, 1, 0},
-                                    {FLASHC_DTYPE_FP16, 256, 2, 1, 0, 0}};
-    for (int i = 0; i < 4; i++) {
-        gbw_vcases[gbw_nvcases] = cs[i];
-        char name[128];
-        snprintf(name, sizeof name, "gpu_bwd_varlen_%s_d%lld_h%lldk%lld%s",
-                 flashc_dtype_name(cs[i].dt), (long long)cs[i].d, (long long)cs[i].h,
-                 (long long)cs[i].hk, cs[i].causal ? "/causal" : "");
-        fc_test_add(name, gbw_run_varlen_case, &gbw_vcases[gbw_nvcases]);
-        gbw_nvcases++;
-    }
+    static const gbw_vcase cs[4] = {{FLASHC_DTYPE_BF16, 64, 4, 2, 0, 0, 0, 0},
+                                    {FLASHC_DTYPE_BF16, 64, 4, 2, 1, 0, 0, 0},
+                                    {FLASHC_DTYPE_FP16, 128, 3, 3, 1, 0, 0, 0},
+                                    {FLASHC_DTYPE_FP16, 256, 2, 1, 0, 0, 0, 0}};
+    for (int i = 0; i < 4; i++) gbw_add_varlen("", &cs[i]);
 }
 
 /* The GQA split of the sm90 backward (bwd.cu fc_bwd_kv_split; S CTAs per key
@@ -439,15 +509,71 @@ FC_TEST_REGISTER(gpu_bwd_kv_split) {
             gbw_name(name, sizeof name, kind, &c);
             gbw_add(name, &c);
         }
-    static const gbw_vcase vs[2] = {{FLASHC_DTYPE_BF16, 128, 8, 1, 1, 2},
-                                    {FLASHC_DTYPE_FP16, 64, 8, 2, 0, 4}};
+    static const gbw_vcase vs[2] = {{FLASHC_DTYPE_BF16, 128, 8, 1, 1, 2, 0, 0},
+                                    {FLASHC_DTYPE_FP16, 64, 8, 2, 0, 4, 0, 0}};
     for (int i = 0; i < 2; i++) {
-        gbw_vcases[gbw_nvcases] = vs[i];
-        char name[128];
-        snprintf(name, sizeof name, "gpu_bwd_varlen_split%d_%s_d%lld_h%lldk%lld%s", vs[i].split,
-                 flashc_dtype_name(vs[i].dt), (long long)vs[i].d, (long long)vs[i].h,
-                 (long long)vs[i].hk, vs[i].causal ? "/causal" : "");
-        fc_test_add(name, gbw_run_varlen_case, &gbw_vcases[gbw_nvcases]);
-        gbw_nvcases++;
+        char kind[16];
+        snprintf(kind, sizeof kind, "split%d_", vs[i].split);
+        gbw_add_varlen(kind, &vs[i]);
     }
+}
+
+/* The warp-specialised sm90 kernel (FLASHC_CUDA_BWD_WS=1; elsewhere the sm80
+ * kernel runs them, and the launch line says so). Its own edges: the ring of
+ * Q / dO slots and dQ buffers wrapping many times (1000 query rows: 16 blocks
+ * of 64 per head, 8 of 128 at D64), the last query block partial (Sq not a
+ * multiple of Br) and, varlen, zeroed in the slot where the rows past a
+ * sequence are NaN (slack rows after the last sequence: without the zeroing
+ * dK and dV turn NaN); each head dim's row (D64 Br 128, D128, D256 one slot
+ * and one dQ buffer) through the option cycle (D128 all of it, the others
+ * every second set); deterministic runs (the writer
+ * waits for the turns), and the GQA split with the writer (deterministic
+ * too). */
+FC_TEST_REGISTER(gpu_bwd_ws) {
+    static const int64_t dims[3] = {64, 128, 256};
+    static const int64_t shapes[3][2] = {{1000, 1000}, {257, 300}, {300, 77}};
+    const th_windows w = {37, 11, 23, 19, 45, 5};
+    char name[160];
+    int n = 0;
+    for (int di = 0; di < 3; di++)
+        for (int o = 0; o < TH_OPTION_CYCLE; o += di == 1 ? 1 : 2, n++) {
+            gbw_case c;
+            memset(&c, 0, sizeof c);
+            c.ws = 1;
+            c.dt = n % 2 ? FLASHC_DTYPE_FP16 : FLASHC_DTYPE_BF16;
+            c.d = dims[di];
+            const int si = (o / 2 + di) % 3;
+            c.sq = shapes[si][0];
+            c.sk = shapes[si][1];
+            c.hk = 2;
+            c.h = 2 * (1 + n % 3);
+            c.b = c.sq > 500 ? 1 : 2;
+            c.o = th_option_cycle(o, w);
+            gbw_name(name, sizeof name, "ws_", &c);
+            gbw_add(name, &c);
+        }
+    for (int di = 0; di < 3; di++) {
+        gbw_case c;
+        memset(&c, 0, sizeof c);
+        c.ws = 1;
+        c.o = th_option_cycle(di == 1 ? 1 : 9, w);  /* causal, dropout */
+        c.dt = di == 1 ? FLASHC_DTYPE_FP16 : FLASHC_DTYPE_BF16;
+        c.b = 2, c.sq = 700, c.sk = 900, c.h = 4, c.hk = 2, c.d = dims[di];
+        c.deterministic = 20;
+        gbw_name(name, sizeof name, "ws_det20_", &c);
+        gbw_add(name, &c);
+        /* the split: 8 query heads on one KV head over 8 and 4 CTAs */
+        c.h = 8, c.hk = 1, c.b = 1, c.sq = 1000, c.sk = 300;
+        c.split = di == 2 ? 4 : 8;
+        c.deterministic = di == 0 ? 3 : 0;
+        char kind[24];
+        snprintf(kind, sizeof kind, "ws_split%d_", c.split);
+        gbw_name(name, sizeof name, kind, &c);
+        gbw_add(name, &c);
+    }
+    static const gbw_vcase vs[4] = {{FLASHC_DTYPE_BF16, 128, 4, 2, 1, 0, 1, 70},
+                                    {FLASHC_DTYPE_FP16, 128, 4, 2, 0, 0, 1, 70},
+                                    {FLASHC_DTYPE_FP16, 64, 4, 1, 0, 0, 1, 130},
+                                    {FLASHC_DTYPE_BF16, 256, 4, 2, 1, 2, 1, 9}};
+    for (int i = 0; i < 4; i++) gbw_add_varlen("ws_slack_", &vs[i]);
 }

@@ -44,6 +44,12 @@ __device__ __forceinline__ void fc_mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
+// One arrival once every cp.async this thread has issued so far has landed
+// (.noinc: the arrival is one of the `count` the barrier was initialised with).
+__device__ __forceinline__ void fc_mbar_arrive_cp_async(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 // Wait until the phase of parity `parity` has completed.
 __device__ __forceinline__ void fc_mbar_wait(uint32_t bar, uint32_t parity) {
     asm volatile(

@@ -65,19 +65,22 @@
 // Code generation: the stages were split out of one kernel body with the
 // SASS of every instance left byte-identical (issue 17). That is why the
 // members hold the kernel's indices by reference (as the lambdas they
-// replace captured them) and why three pieces stay in the kernel body:
-// the indices and the warpgroup's part (k0 .. qc), the tile test of a query
-// block, and the order of waits of the element-wise stage. Moved into
-// members, each changed the code nvcc emits (instruction order, spills, up
-// to a register more). Check a change here against the SASS and ptxas -v of
-// the previous version.
+// replace captured them) and why three pieces stay written out in the kernel
+// body: the warpgroup's part (k0 .. qc), the tile test of a query block, and
+// the order of waits of the element-wise stage. Called as members (part,
+// visits, elementwise: the warp-specialised kernel, sm90ws/bwd_kernel.cuh,
+// calls them so), each changed the code nvcc emits here (instruction order,
+// spills, up to a register more). Check a change here against the SASS and
+// ptxas -v of the previous version (cuobjdump -sass).
 //
 // Template parameters: the head dim D (a row of traits.h FC_SM90_BWD_TILES),
 // the dtype T, kCausal. Everything else is a field of bwd_params.h.
 //
 // Not here: paged K/V (the backward has none); TMA loads, warp
 // specialisation and setmaxnreg (both warpgroups load with cp.async and both
-// compute); a persistent scheduler (one CTA per key block, in grid order).
+// compute: sm90ws/bwd_kernel.cuh runs these stages with a producer warp and a
+// dQ writer warp); a persistent scheduler (one CTA per key block, in grid
+// order).
 #ifndef FLASHC_CUDA_SM90_BWD_KERNEL_CUH
 #define FLASHC_CUDA_SM90_BWD_KERNEL_CUH
 
@@ -196,6 +199,28 @@ struct fc_sm90_bwd_cta {
         sDelta = sLse + QS * Br * 4;
     }
 
+    // Warpgroup wg's part of each GEMM and its wgmma descriptors (warp: the
+    // thread's warp in the CTA); once K, V are loading.
+    __device__ __forceinline__ void part(int wg, int warp) {
+        k0 = kSplit ? 0 : wg * 64;
+        q0 = kSplit ? wg * SN : 0;
+        c0 = kSplit ? wg * KN : 0;
+        k_desc = fc_wgmma_desc(sK + k0 * 128, 16, 1024);
+        v_desc = fc_wgmma_desc(sV + k0 * 128, 16, 1024);
+        ds_desc = fc_wgmma_desc(sdS + (wg % MW) * Bc * 128, Bc * 128, 1024);
+        kt_desc = fc_wgmma_desc(sK + (wg / MW) * (DQN / 64) * Bc * 128, Bc * 128, 1024);
+        kr = k0 + (warp & 3) * 16 + g;
+        qr = (wg % MW) * 64 + (warp & 3) * 16 + g;
+        qc = (wg / MW) * DQN + 2 * t;
+    }
+
+    // Whether query block q sees this key block; *n_lo: the first it sees.
+    __device__ __forceinline__ bool visits(const fc_sm90_bwd_qblock &q, int *n_lo) const {
+        int n_hi;
+        return mask.template tiles<Bc>(q.m0, q.m0 + q.rows - 1, n_lo, &n_hi) &&
+               n_block >= *n_lo && n_block < n_hi;
+    }
+
     // An [R][4] C-fragment array as the flat register list of a wgmma.
     template <int N, int R>
     __device__ __forceinline__ static float (&regs(float (&acc)[R][4]))[N] {
@@ -218,15 +243,16 @@ struct fc_sm90_bwd_cta {
             [](int row, int ch) { return fc_sw128_offset(Br, row, ch); });
     }
 
-    // The query block of iteration `it` and its slot.
-    __device__ __forceinline__ fc_sm90_bwd_qblock qblock(const fc_cuda_bwd_params &p,
-                                                         int it) const {
+    // The query block of iteration `it` and its slot, that of ring position
+    // `pos` (the iteration here; sm90ws: the CTA's count of visited blocks).
+    __device__ __forceinline__ fc_sm90_bwd_qblock qblock(const fc_cuda_bwd_params &p, int it,
+                                                         int pos) const {
         fc_sm90_bwd_qblock q;
         int m;
         blk.iter_hm(it, y * p.split_heads, &q.h, &m);
         q.m0 = m * Br;
         q.rows = min(Br, blk.sq - q.m0);
-        q.slot = (uint32_t)(it % QS);
+        q.slot = (uint32_t)(pos % QS);
         q.sQ = sQ + q.slot * Tr::kQBytes;
         q.sdO = sdO + q.slot * Tr::kQBytes;
         return q;
@@ -391,6 +417,44 @@ struct fc_sm90_bwd_cta {
         fc_fence_proxy_async();
     }
 
+    // ---- stage: P^T, dS^T in their order of waits, to store_ds ----
+    // P^T runs while the dP^T GEMM does; with softcap dS^T needs the tanh's
+    // derivative too, so both wait for dP^T and run in one pass. On return
+    // both GEMMs are done and dS^T (P^T) is stored (store_ds).
+    __device__ __forceinline__ void elementwise(const fc_cuda_bwd_params &p,
+                                                float (&acc_s)[NT][4], float (&acc_dp)[NT][4],
+                                                const fc_sm90_bwd_qblock &q,
+                                                uint32_t (&p_frag)[PK][4],
+                                                uint32_t (&ds_frag)[PK][4]) const {
+        const fc_sm90_bwd_mods md = mods(p, q);
+        keep_bits kb;
+        if (md.cap) {
+            if (md.drop) draw(p, q, kb);
+            fc_wgmma_wait<0>();
+            fc_reg_fence(regs<SN / 2>(acc_s));
+            fc_reg_fence(regs<SN / 2>(acc_dp));
+            probs<false, true>(p, acc_s, acc_dp, q, md, kb);
+        } else {
+            fc_wgmma_wait<1>();  // S^T done; dP^T may still run
+            fc_reg_fence(regs<SN / 2>(acc_s));
+            if (md.partial || p.f.alibi)
+                probs<false, false>(p, acc_s, acc_dp, q, md, kb);
+            else
+                probs<true, false>(p, acc_s, acc_dp, q, md, kb);
+            if (md.drop) draw(p, q, kb);  // drawn while dP^T runs
+            fc_wgmma_wait<0>();
+            fc_reg_fence(regs<SN / 2>(acc_dp));
+            if (md.drop)
+                dscores<true>(p, acc_s, acc_dp, q, kb);
+            else
+                dscores<false>(p, acc_s, acc_dp, q, kb);
+        }
+        if (md.partial && !p.f.sink)  // the rule is off with a sink, which takes mass
+            single_key_rows(acc_dp, acc_s, q,
+                            md.drop ? FC_ONE_KEY_P * p.f.dropout_rescale : FC_ONE_KEY_P);
+        store_ds(acc_s, acc_dp, p_frag, ds_frag);
+    }
+
     // ---- stage: dV += P^T dO, dK += dS^T Q (B MN-major: k16 step kk at query row 16 kk) ----
     // Both warpgroups' dS^T (and P^T) are in shared memory, and the bulk
     // reduction of the last dQ tile has read sdQ.
@@ -460,50 +524,74 @@ struct fc_sm90_bwd_cta {
         }
     }
 
-    // The dQ tile to shared memory, where it waits for retire_dq; n_lo: the
-    // first key block that query block q sees.
-    __device__ __forceinline__ void store_dq(const fc_cuda_bwd_params &p,
-                                             const float (&acc_q)[QT][4],
-                                             const fc_sm90_bwd_qblock &q, int n_lo,
-                                             fc_sm90_bwd_dq_tile &dq) const {
+    // This thread's part of the dQ tile to the fp32 tile at dst (sdQ, or an
+    // sm90ws dQ buffer), fenced for the bulk reduction that reads it.
+    __device__ __forceinline__ void store_dq_tile(const float (&acc_q)[QT][4],
+                                                  uint32_t dst) const {
 #pragma unroll
         for (int qt = 0; qt < QT; ++qt)
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr)
-                fc_st_shared_v2f(sdQ + fc_dq_swz_offset<D>(qr + 8 * hr, qc + 8 * qt),
+                fc_st_shared_v2f(dst + fc_dq_swz_offset<D>(qr + 8 * hr, qc + 8 * qt),
                                  acc_q[qt][2 * hr], acc_q[qt][2 * hr + 1]);
         fc_fence_proxy_async();
-        dq.row = (int64_t)q.h * p.rows + blk.row0(p, b) + q.m0;
-        dq.turn = n_block - n_lo;
     }
 
-    // Thread 0 adds the waiting dQ tile to dq_accum with one bulk reduction,
-    // in deterministic mode once its turn has come. Called after a barrier
-    // that follows store_dq.
+    // The scratch row of query block q's dQ tile and its deterministic turn
+    // (the visiting key blocks before this one; n_lo: the first that q sees).
+    __device__ __forceinline__ fc_sm90_bwd_dq_tile dq_tile(const fc_cuda_bwd_params &p,
+                                                           const fc_sm90_bwd_qblock &q,
+                                                           int n_lo) const {
+        fc_sm90_bwd_dq_tile dq;
+        dq.row = (int64_t)q.h * p.rows + blk.row0(p, b) + q.m0;
+        dq.turn = n_block - n_lo;
+        return dq;
+    }
+
+    // The dQ tile to shared memory, where it waits for retire_dq.
+    __device__ __forceinline__ void store_dq(const fc_cuda_bwd_params &p,
+                                             const float (&acc_q)[QT][4],
+                                             const fc_sm90_bwd_qblock &q, int n_lo,
+                                             fc_sm90_bwd_dq_tile &dq) const {
+        store_dq_tile(acc_q, sdQ);
+        dq = dq_tile(p, q, n_lo);
+    }
+
+    // The calling thread adds the fp32 dQ tile at src to dq_accum with one
+    // bulk reduction (committed, not waited for), in deterministic mode once
+    // its turn has come, and then, complete, it passes the turn on.
+    __device__ __forceinline__ static void reduce_dq(const fc_cuda_bwd_params &p,
+                                                     const fc_sm90_bwd_dq_tile &dq,
+                                                     uint32_t src) {
+        int32_t *sem = p.sem ? p.sem + dq.row / p.sem_br : nullptr;
+        // ">=" as in the sm80 kernel: a wait that ends for any metadata
+        if (p.deterministic)
+            while (fc_ld_acquire(sem) < dq.turn) {
+            }
+        fc_bulk_reduce_add_f32(p.dq_accum + dq.row * D, src, Tr::kDQBytes);
+        fc_bulk_commit();
+        if (p.deterministic) {
+            fc_bulk_wait_done<0>();
+            __threadfence();
+            atomicAdd(sem, 1);
+        }
+    }
+
+    // Thread 0 adds the waiting dQ tile to dq_accum (reduce_dq). Called after
+    // a barrier that follows store_dq.
     __device__ __forceinline__ void retire_dq(const fc_cuda_bwd_params &p,
                                               fc_sm90_bwd_dq_tile &dq) const {
-        if (tid == 0 && dq.row >= 0) {
-            int32_t *sem = p.sem ? p.sem + dq.row / p.sem_br : nullptr;
-            // ">=" as in the sm80 kernel: a wait that ends for any metadata
-            if (p.deterministic)
-                while (fc_ld_acquire(sem) < dq.turn) {
-                }
-            fc_bulk_reduce_add_f32(p.dq_accum + dq.row * D, sdQ, Tr::kDQBytes);
-            fc_bulk_commit();
-            if (p.deterministic) {
-                fc_bulk_wait_done<0>();
-                __threadfence();
-                atomicAdd(sem, 1);
-            }
-        }
+        if (tid == 0 && dq.row >= 0) reduce_dq(p, dq, sdQ);
         dq.row = -1;
     }
 
     // ---- stage: epilogue, dK * scale, dV through sK / sV to 16-byte stores ----
-    // Every wgmma and cp.async is done with sK, sV.
+    // Every wgmma and cp.async is done with sK, sV; sync() is the barrier of
+    // the threads that run it (the CTA's, sm90ws: its consumers').
+    template <class Sync>
     __device__ __forceinline__ void epilogue(const fc_cuda_bwd_params &p,
                                              const float (&acc_dk)[DT][4],
-                                             const float (&acc_dv)[DT][4]) const {
+                                             const float (&acc_dv)[DT][4], Sync sync) const {
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
             const int r = kr + 8 * hr;
@@ -515,7 +603,7 @@ struct fc_sm90_bwd_cta {
                 fc_st_shared_b32(sV + off, fc_pack2<T>(acc_dv[dt][2 * hr], acc_dv[dt][2 * hr + 1]));
             }
         }
-        __syncthreads();
+        sync();
         // not split: y is the KV head
         fc_bwd_store_dkdv<T, Bc, CH, NTH>(p, b, y, blk, tid, sK, sV, [](int r, int ch) {
             return fc_sw128_offset(Bc, r, ch);
@@ -584,6 +672,7 @@ __global__ void __launch_bounds__(fc_sm90_bwd_traits<D>::kThreads,
     c.load_q(p, 0);  // with K, V: group 0
 
     // ---- this warpgroup's part and its wgmma descriptors ----
+    // (fc_sm90_bwd_cta::part, written out: see the head of the file)
     c.k0 = kSplit ? 0 : wg * 64;
     c.q0 = kSplit ? wg * C::SN : 0;
     c.c0 = kSplit ? wg * C::KN : 0;
@@ -603,10 +692,10 @@ __global__ void __launch_bounds__(fc_sm90_bwd_traits<D>::kThreads,
     // ---- the walk: one query block per iteration ----
     fc_sm90_bwd_dq_tile dq = {0, -1};
     for (int it = 0; it < n_iters; ++it) {
-        const fc_sm90_bwd_qblock q = c.qblock(p, it);
+        const fc_sm90_bwd_qblock q = c.qblock(p, it, it);
         c.wait_tiles();
         c.retire_dq(p, dq);
-        int n_lo, n_hi;
+        int n_lo, n_hi;  // fc_sm90_bwd_cta::visits, written out
         const bool visits = mask.template tiles<Bc>(q.m0, q.m0 + q.rows - 1, &n_lo, &n_hi) &&
                             n_block >= n_lo && n_block < n_hi;
         if (!visits) {
@@ -620,9 +709,8 @@ __global__ void __launch_bounds__(fc_sm90_bwd_traits<D>::kThreads,
         // GEMMs run (one slot: once dV, dK are done with it, below)
         if (QS == 2) c.load_q(p, it + 1);
 
-        // element-wise: P^T runs while the dP^T GEMM does; with softcap dS^T
-        // needs the tanh's derivative too, so both wait for dP^T and run in
-        // one pass.
+        // element-wise: fc_sm90_bwd_cta::elementwise, written out here (as a
+        // call the SASS of this kernel changed: see the head of the file)
         uint32_t p_frag[C::PK][4], ds_frag[C::PK][4];
         {
             const fc_sm90_bwd_mods md = c.mods(p, q);
@@ -682,7 +770,7 @@ __global__ void __launch_bounds__(fc_sm90_bwd_traits<D>::kThreads,
     if (p.kv_split > 1)
         c.epilogue_part(p, acc_dk, acc_dv);
     else
-        c.epilogue(p, acc_dk, acc_dv);
+        c.epilogue(p, acc_dk, acc_dv, [] { __syncthreads(); });
 }
 
 // ---- the launcher of one instance (instantiated in inst/*.cu) ----
