@@ -2,11 +2,14 @@
  * contains one of the arguments), each with its own random seed, and prints
  * "N passed, N failed" last. `flashc_tests -l` lists the cases.
  * FLASHC_TEST_SHARD=k/n runs every n-th selected case from the k-th (0 <= k < n),
- * so that n processes run one selection between them. */
+ * so that n processes run one selection between them. FLASHC_TEST_VERBOSE=1
+ * prints "ok NAME (seconds)" after each passing case too, so that a run cut
+ * off by a timeout shows how far it came and what it was running. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "fc_test.h"
 
@@ -148,6 +151,8 @@ int main(int argc, char **argv) {
         printf("skipped: %s\n", skip);
         return 77;
     }
+    const char *verbose_env = getenv("FLASHC_TEST_VERBOSE");
+    const int verbose = verbose_env && strcmp(verbose_env, "1") == 0;
     int passed = 0, failed = 0, nselected = 0;
     for (int c = 0; c < fc_ncases; c++) {
         if (!fc_selected(fc_cases[c].name, filters, nfilters)) continue;
@@ -160,12 +165,18 @@ int main(int argc, char **argv) {
         fc_cur_failed = 0;
         fc_cur_fail_prints = 0;
         fc_rand_seed(fc_cur_name);
+        struct timespec t0, t1;
+        timespec_get(&t0, TIME_UTC);
         fc_cases[c].fn(fc_cases[c].param);
+        timespec_get(&t1, TIME_UTC);
         if (fc_cur_failed) {
             failed++;
             printf("not ok %s\n", fc_cur_name);
         } else {
             passed++;
+            if (verbose)
+                printf("ok %s (%.2f s)\n", fc_cur_name,
+                       (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
         }
         fflush(stdout);
     }
