@@ -28,9 +28,9 @@ untimed sdpa-flash call).
 autograd backward of one forward graph, retain_graph), --mode fwdbwd the
 forward and the backward together; FLOPs are 2.5x and 3.5x the forward's
 (flash-attention's convention). Backends: flashc, flashc-det (deterministic =
-1, to show its cost), flashc-ws and flashc-ws-det (the same with
-FLASHC_CUDA_BWD_WS=1: the warp-specialised sm90 backward, set around their own
-calls only), sdpa-flash, sdpa-cudnn; max_err is the largest of dq, dk,
+1, to show its cost), flashc-sm90 and flashc-sm90-det (the same with
+FLASHC_CUDA_BWD_WS=0: the sm90 backward without warp specialisation, set around
+their own calls only), sdpa-flash, sdpa-cudnn; max_err is the largest of dq, dk,
 dv against sdpa-flash's gradients (SDPA's math kernel's where GQA keeps the flash
 kernel out). --heads H/Hk gives GQA shapes in every mode (SDPA through enable_gqa).
 
@@ -221,8 +221,8 @@ def main():
     ap.add_argument("--backends", default="",
                     help="subset to time (flashc alone: a quick look at a tuning variant); default "
                          "sdpa-flash,sdpa-cudnn,flashc-sm80,flashc (fwd, decode) or "
-                         "sdpa-flash,sdpa-cudnn,flashc-det,flashc (bwd, fwdbwd; flashc-ws and "
-                         "flashc-ws-det there on request)")
+                         "sdpa-flash,sdpa-cudnn,flashc-det,flashc (bwd, fwdbwd; flashc-sm90 and "
+                         "flashc-sm90-det there on request)")
     ap.add_argument("--csv", default="")
     ap.add_argument("--decode-shapes", default="32x32x32x4096,8x32x32x32768,1x32x32x131072,64x32x8x8192",
                     help="decode: batch x heads x kv_heads x keys, comma-separated")
@@ -306,14 +306,14 @@ def bench_bwd(args, fc):
     """--mode bwd / fwdbwd: the loop of main() with gradients."""
     rows, table = [], []
     torch.manual_seed(0)
-    names = ["sdpa-flash", "sdpa-cudnn", "flashc-det", "flashc", "flashc-ws-det", "flashc-ws"]
+    names = ["sdpa-flash", "sdpa-cudnn", "flashc-det", "flashc", "flashc-sm90-det", "flashc-sm90"]
     env_ws = os.environ.get("FLASHC_CUDA_BWD_WS")
 
     def set_ws(name):
-        """FLASHC_CUDA_BWD_WS (read by bwd.cu at every call): 1 for the flashc-ws
+        """FLASHC_CUDA_BWD_WS (read by bwd.cu at every call): 0 for the flashc-sm90
         backends, the caller's value for the others."""
-        if name.startswith("flashc-ws"):
-            os.environ["FLASHC_CUDA_BWD_WS"] = "1"
+        if name.startswith("flashc-sm90"):
+            os.environ["FLASHC_CUDA_BWD_WS"] = "0"
         elif env_ws is None:
             os.environ.pop("FLASHC_CUDA_BWD_WS", None)
         else:
@@ -381,12 +381,12 @@ def bench_bwd(args, fc):
                          fl / (ms * 1e-3) / 1e12, nbytes / (ms * 1e-3) / 1e9, err))
         base = {n: float("nan") for n in names}
         base.update({n: m for n, m, _ in results})
-        line = ("%s d%-3d s%-5d %s %-6s flashc %6.1f  flashc-det %6.1f  flashc-ws %6.1f  "
-                "flashc-ws-det %6.1f  sdpa-flash %6.1f  sdpa-cudnn %6.1f TFLOP/s  "
+        line = ("%s d%-3d s%-5d %s %-6s flashc %6.1f  flashc-det %6.1f  flashc-sm90 %6.1f  "
+                "flashc-sm90-det %6.1f  sdpa-flash %6.1f  sdpa-cudnn %6.1f TFLOP/s  "
                 "(flashc/FA2 %.2fx) err %s" %
                 (dn, d, s, "h%d/%d b%d" % (h, hk, b), "causal" if causal else "",
                  fl / base["flashc"] / 1e9, fl / base["flashc-det"] / 1e9,
-                 fl / base["flashc-ws"] / 1e9, fl / base["flashc-ws-det"] / 1e9,
+                 fl / base["flashc-sm90"] / 1e9, fl / base["flashc-sm90-det"] / 1e9,
                  fl / base["sdpa-flash"] / 1e9, fl / base["sdpa-cudnn"] / 1e9,
                  base["sdpa-flash"] / base["flashc"], results[-1][2]))
         print(line, flush=True)

@@ -10,10 +10,11 @@
 // query heads over several CTAs when the grid is short, fc_bwd_kv_split, and
 // fc_bwd_dkv_kernel then sums their fp32 dK, dV parts), fc_bwd_dq_kernel
 // (dq = dq_accum * scale), the copy-back of packed dk, dv.
-// FLASHC_CUDA_BWD_WS=1 in the environment (read at each call) runs the sm90
-// family's main kernel warp-specialised instead, sm90ws/bwd_kernel.cuh (same
-// tiles, scratch and results; fc_bwd_ws_refusal says when it cannot, and
-// the sm90 kernel runs); it is not the default until measured faster.
+// The sm90 family's main kernel runs warp-specialised, sm90ws/bwd_kernel.cuh
+// (the same tiles, scratch and results; 2-17% faster on the H100, bench/NOTES.md
+// run 59), unless fc_bwd_ws_refusal says it cannot (Dv != D, no instance, no
+// TMA encoder) or FLASHC_CUDA_BWD_WS=0 is set (read at each call): then
+// sm90/bwd_kernel.cuh runs.
 // With params.deterministic the main kernel's turn counters are zeroed first.
 // Scratch (bwd_params.h) comes from the workspace: lse2 and delta [H][rows],
 // dq_accum [H][rows][dq_pitch] fp32, the counters [H][rows / Br] int32.
@@ -169,7 +170,7 @@ typedef struct {
     int64_t dq_pitch; // floats per dq_accum row: sm90 the instance's D (its bulk
                       // reductions cover whole rows), sm80 the packed row
     bool causal;      // the kCausal instance
-    bool ws;          // sm90: the warp-specialised kernel (FLASHC_CUDA_BWD_WS=1)
+    bool ws;          // sm90: the warp-specialised kernel (not FLASHC_CUDA_BWD_WS=0)
     bool empty;       // no batch, head or key: nothing to write
     int64_t rows;     // scratch rows per head (a multiple of 128)
     int32_t sq_pad;   // batched: Sq rounded up to kFcBwdPadRows
@@ -202,7 +203,7 @@ static flashc_status fc_cuda_bwd_plan_make(const fc_attn *a, fc_cuda_bwd_plan *p
                             dv.smem_optin);
     pl->causal = a->window_right == 0;
     const char *ws_env = getenv("FLASHC_CUDA_BWD_WS");
-    if (sm90 && ws_env && strcmp(ws_env, "1") == 0) {
+    if (sm90 && !(ws_env && strcmp(ws_env, "0") == 0)) {
         const char *why = fc_bwd_ws_refusal(a, pl->dim, dv);
         if (why)
             FC_LOG("sm90ws backward not used (%s): the sm90 kernel runs", why);

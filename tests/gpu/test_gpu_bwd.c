@@ -21,12 +21,14 @@
  *   misaligned dq / dk;
  * - the GQA split of the sm90 kernel forced to 1, 2 and G (gpu_bwd_kv_split,
  *   below); every other case runs it as the rule picks;
- * - the warp-specialised sm90 kernel (FLASHC_CUDA_BWD_WS=1, gpu_bwd_ws below):
- *   its ring of query blocks wrapping, Sq not a multiple of Br, each head
- *   dim's row, options, deterministic runs, the GQA split with the dQ writer,
- *   varlen with NaN rows past the last sequence; the launch line must name
- *   sm90ws_bwd_kernel on Hopper. Every case here runs on it when the whole
- *   suite runs under FLASHC_CUDA_BWD_WS=1.
+ * - the warp-specialised sm90 kernel (the default on Hopper; gpu_bwd_ws
+ *   below, FLASHC_CUDA_BWD_WS=1 set): its ring of query blocks wrapping, Sq
+ *   not a multiple of Br, each head dim's row, options, deterministic runs,
+ *   the GQA split with the dQ writer, varlen with NaN rows past the last
+ *   sequence; the launch line must name sm90ws_bwd_kernel on Hopper; and
+ *   gpu_bwd_ws_switch: unset or =1 names sm90ws, =0 sm90_bwd_kernel. Every
+ *   case here runs on the older sm90 kernel when the whole suite runs under
+ *   FLASHC_CUDA_BWD_WS=0.
  *
  * Build: this file + gpu_helpers.c + tests/helpers.c + tests/run.c, linked with
  * flashc_static and cudart. Needs a CUDA device of compute capability >= 8.0.
@@ -49,7 +51,7 @@ typedef struct {
     int deterministic; /* runs: 1, or 50 for the bitwise race test */
     int misalign;      /* dq and dk one element past their buffers' starts */
     int split;         /* FLASHC_CUDA_BWD_SPLIT for the case, 0: unset (the rule) */
-    int ws;            /* 1: FLASHC_CUDA_BWD_WS=1, the launch line checked */
+    int ws;            /* GBW_WS_*: FLASHC_CUDA_BWD_WS, the launch line checked */
 } gbw_case;
 
 #define GBW_MAX_CASES 320
@@ -206,17 +208,23 @@ static void gbw_call_run(void *ctx) {
     k->run(k->param);
 }
 
-/* run(param) with FLASHC_CUDA_BWD_WS=1 when ws, the backward's launch line
- * then checked: sm90ws_bwd_kernel on compute capability 9.0 (every head dim
- * of these cases has an instance) unless FLASHC_CUDA_FAMILY=sm80 asks for the
- * sm80 family, sm80_bwd_kernel then and elsewhere, nothing else. */
+/* How a case sets FLASHC_CUDA_BWD_WS (gbw_case, gbw_vcase .ws): left alone
+ * (the launch line unchecked), =1, unset or =0 (the line checked). */
+enum { GBW_WS_KEEP, GBW_WS_ON, GBW_WS_UNSET, GBW_WS_OFF };
+
+/* run(param) with FLASHC_CUDA_BWD_WS as ws says, the backward's launch line
+ * then checked unless GBW_WS_KEEP: on compute capability 9.0 (every head dim
+ * of these cases has an instance) sm90ws_bwd_kernel, or sm90_bwd_kernel for
+ * =0, unless FLASHC_CUDA_FAMILY=sm80 asks for the sm80 family;
+ * sm80_bwd_kernel then and elsewhere; nothing else. */
 static void gbw_with_ws(int ws, void (*run)(const void *), const void *param) {
-    if (!ws) {
+    if (ws == GBW_WS_KEEP) {
         run(param);
         return;
     }
+    static const char *const values[4] = {NULL, "1", NULL, "0"};
     gb_env e;
-    gb_env_enter(&e, "FLASHC_CUDA_BWD_WS", "1");
+    gb_env_enter(&e, "FLASHC_CUDA_BWD_WS", values[ws]);
     gbw_call k = {run, param};
     char *log = th_capture_log("1", gbw_call_run, &k);
     gb_env_leave(&e);
@@ -224,12 +232,13 @@ static void gbw_with_ws(int ws, void (*run)(const void *), const void *param) {
     static const char *const kernels[3] = {"sm80_bwd_kernel<", "sm90_bwd_kernel<",
                                            "sm90ws_bwd_kernel<"};
     const char *family = getenv("FLASHC_CUDA_FAMILY");
-    const int sm80 = family && strcmp(family, "sm80") == 0;
-    const char *want = gb_device_is_sm90() && !sm80 ? kernels[2] : kernels[0];
+    const int sm80 = !gb_device_is_sm90() || (family && strcmp(family, "sm80") == 0);
+    const char *want = sm80 ? kernels[0] : ws == GBW_WS_OFF ? kernels[1] : kernels[2];
     for (int i = 0; i < 3; i++)
         if ((strstr(log, kernels[i]) != NULL) != (kernels[i] == want))
-            fc_test_fail(__FILE__, __LINE__, "FLASHC_CUDA_BWD_WS=1: %s \"%s\" in the log:\n%s",
-                         kernels[i] == want ? "no" : "unexpected", kernels[i], log);
+            fc_test_fail(__FILE__, __LINE__, "FLASHC_CUDA_BWD_WS=%s: %s \"%s\" in the log:\n%s",
+                         values[ws] ? values[ws] : "(unset)", kernels[i] == want ? "no" : "unexpected",
+                         kernels[i], log);
     free(log);
 }
 
@@ -343,7 +352,7 @@ typedef struct {
     int64_t d, h, hk;
     int causal;
     int split; /* FLASHC_CUDA_BWD_SPLIT, 0: unset */
-    int ws;    /* 1: FLASHC_CUDA_BWD_WS=1, the launch line checked */
+    int ws;    /* GBW_WS_*: FLASHC_CUDA_BWD_WS, the launch line checked */
     int slack; /* q and dout rows past the last sequence (total_q > cu_seqlens_q[B]), NaN */
 } gbw_vcase;
 static gbw_vcase gbw_vcases[12];
@@ -542,7 +551,7 @@ FC_TEST_REGISTER(gpu_bwd_ws) {
         for (int o = 0; o < TH_OPTION_CYCLE; o += di == 1 ? 1 : 2, n++) {
             gbw_case c;
             memset(&c, 0, sizeof c);
-            c.ws = 1;
+            c.ws = GBW_WS_ON;
             c.dt = n % 2 ? FLASHC_DTYPE_FP16 : FLASHC_DTYPE_BF16;
             c.d = dims[di];
             const int si = (o / 2 + di) % 3;
@@ -558,7 +567,7 @@ FC_TEST_REGISTER(gpu_bwd_ws) {
     for (int di = 0; di < 3; di++) {
         gbw_case c;
         memset(&c, 0, sizeof c);
-        c.ws = 1;
+        c.ws = GBW_WS_ON;
         c.o = th_option_cycle(di == 1 ? 1 : 9, w);  /* causal, dropout */
         c.dt = di == 1 ? FLASHC_DTYPE_FP16 : FLASHC_DTYPE_BF16;
         c.b = 2, c.sq = 700, c.sk = 900, c.h = 4, c.hk = 2, c.d = dims[di];
@@ -574,9 +583,27 @@ FC_TEST_REGISTER(gpu_bwd_ws) {
         gbw_name(name, sizeof name, kind, &c);
         gbw_add(name, &c);
     }
-    static const gbw_vcase vs[4] = {{FLASHC_DTYPE_BF16, 128, 4, 2, 1, 0, 1, 70},
-                                    {FLASHC_DTYPE_FP16, 128, 4, 2, 0, 0, 1, 70},
-                                    {FLASHC_DTYPE_FP16, 64, 4, 1, 0, 0, 1, 130},
-                                    {FLASHC_DTYPE_BF16, 256, 4, 2, 1, 2, 1, 9}};
+    static const gbw_vcase vs[4] = {{FLASHC_DTYPE_BF16, 128, 4, 2, 1, 0, GBW_WS_ON, 70},
+                                    {FLASHC_DTYPE_FP16, 128, 4, 2, 0, 0, GBW_WS_ON, 70},
+                                    {FLASHC_DTYPE_FP16, 64, 4, 1, 0, 0, GBW_WS_ON, 130},
+                                    {FLASHC_DTYPE_BF16, 256, 4, 2, 1, 2, GBW_WS_ON, 9}};
     for (int i = 0; i < 4; i++) gbw_add_varlen("ws_slack_", &vs[i]);
+}
+
+/* The switch: FLASHC_CUDA_BWD_WS unset runs sm90ws_bwd_kernel on Hopper (the
+ * default), =0 sm90_bwd_kernel; one causal GQA case each, its gradients checked. */
+FC_TEST_REGISTER(gpu_bwd_ws_switch) {
+    static const int modes[2] = {GBW_WS_UNSET, GBW_WS_OFF};
+    static const char *const kinds[2] = {"ws_unset_", "ws_off_"};
+    char name[160];
+    for (int i = 0; i < 2; i++) {
+        gbw_case c;
+        memset(&c, 0, sizeof c);
+        c.ws = modes[i];
+        c.o = th_option_cycle(1, (th_windows){37, 11, 23, 19, 45, 5}); /* causal */
+        c.dt = i ? FLASHC_DTYPE_FP16 : FLASHC_DTYPE_BF16;
+        c.b = 2, c.sq = 257, c.sk = 300, c.h = 4, c.hk = 2, c.d = 128;
+        gbw_name(name, sizeof name, kinds[i], &c);
+        gbw_add(name, &c);
+    }
 }

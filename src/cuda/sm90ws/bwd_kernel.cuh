@@ -46,8 +46,8 @@
 // makes P = 0 there only when the scores are finite.
 //
 // Template parameters and arguments: as the sm90 kernel (fc_cuda_bwd_params,
-// in fc_cuda_bwd_ws_params with the two TMA descriptors). bwd.cu runs it with
-// FLASHC_CUDA_BWD_WS=1.
+// in fc_cuda_bwd_ws_params with the two TMA descriptors). bwd.cu runs it for
+// the sm90 family unless FLASHC_CUDA_BWD_WS=0 or fc_bwd_ws_refusal.
 //
 // Not here: dS^T in two buffers (FA3's D <= 128: the consumers would meet once
 // per block, not twice), TMA loads of K, V, a persistent scheduler.
