@@ -128,14 +128,61 @@ static const char *fc_bwd_ws_refusal(const fc_attn *a, int dim, const fc_cuda_de
 
 enum { FC_BWW_PACK, FC_BWW_LSE2, FC_BWW_DELTA, FC_BWW_DQACC, FC_BWW_SEM, FC_BWW_DKV, FC_BWW_N };
 
+// Query blocks (of Br rows) that key block n (Bc keys from j0 = n Bc) meets
+// under a mask whose right window is 0 (causal, maybe with a left window Wl):
+// row i sees keys up to i + Sk - Sq, and from i + Sk - Sq - Wl.
+static int64_t fc_bwd_causal_visits(const fc_attn *a, int br, int bc, int64_t n) {
+    const int64_t sq = a->max_seqlen_q, shift = a->max_seqlen_k - sq, j0 = n * bc;
+    const int64_t i_lo = j0 - shift > 0 ? j0 - shift : 0;
+    int64_t i_hi = sq - 1;
+    if (a->window_left >= 0 && j0 + bc - 1 - shift + a->window_left < i_hi)
+        i_hi = j0 + bc - 1 - shift + a->window_left;
+    return i_lo > i_hi ? 0 : i_hi / br - i_lo / br + 1;
+}
+
+// The time of CTAs placed in order, each on the slot that frees first (as the
+// hardware dispatches a grid), count[k] CTAs of cost cost[k] for each k in
+// turn, on `slots` slots: the largest finish time. heap: `slots` doubles of
+// scratch.
+static double fc_list_schedule(const double *cost, const int64_t *count, int64_t kinds,
+                               double *heap, int64_t slots) {
+    for (int64_t i = 0; i < slots; i++) heap[i] = 0.0;  // a min-heap of finish times
+    double end = 0.0;
+    for (int64_t k = 0; k < kinds; k++)
+        for (int64_t c = 0; c < count[k]; c++) {
+            const double t = heap[0] + cost[k];  // the first free slot takes it
+            end = t > end ? t : end;
+            int64_t i = 0;  // the root's new finish time sifts down
+            for (;;) {
+                const int64_t l = 2 * i + 1, r = l + 1;
+                if (l >= slots) break;
+                const int64_t m = r < slots && heap[r] < heap[l] ? r : l;
+                if (heap[m] >= t) break;
+                heap[i] = heap[m];
+                i = m;
+            }
+            heap[i] = t;
+        }
+    return end;
+}
+
 // The GQA split of the sm90 kernel (bwd_params.h kv_split): S CTAs per (key
 // block, KV head), S a divisor of the group G, each walking G / S query heads,
 // when the grid of one CTA per (key block, KV head) would leave SMs idle (few
-// KV heads, short sequences). Among the S whose grid stays within two waves of
-// `slots` CTAs, the one whose last wave is fullest; ties go to the smaller S
-// (less fp32 partial traffic). FLASHC_CUDA_BWD_SPLIT=n takes the largest
-// divisor of G that is at most n instead (tests, measurements).
-static int fc_bwd_kv_split(const fc_attn *a, int bc, int64_t slots) {
+// KV heads, short sequences). Without a causal mask (every CTA the same work),
+// among the S whose grid stays within two waves of `slots` CTAs, the one whose
+// last wave is fullest; ties go to the smaller S (less fp32 partial traffic).
+// Causal, key block n's CTAs work ~(Sq - n Bc) / Br query blocks, so one wave
+// of few CTAs waits for its first key blocks: there the grid is key-major (the
+// longest CTAs dispatched first, fc_bwd_key_major) and S is the one with the
+// least modelled time: the grid list-scheduled on the slots (a CTA: its query
+// blocks times G / S heads, + 1 for its K, V and epilogue) plus, for S > 1,
+// the dK/dV parts written and read again (4 S Hk B Sk D floats of HBM traffic;
+// ~1.8 S Hk B Sk / (Br Bc) query-block visits at the H100's ratio of 10 Br Bc D
+// FLOPs a visit at ~3.4 TFLOP/s an SM to ~3 TB/s), among the S whose grid has
+// at most 16 waves. FLASHC_CUDA_BWD_SPLIT=n takes the largest divisor of G that
+// is at most n instead (tests, measurements).
+static int fc_bwd_kv_split(const fc_attn *a, int br, int bc, int64_t slots) {
     const int64_t G = a->heads / a->kv_heads;
     const char *force = getenv("FLASHC_CUDA_BWD_SPLIT");
     if (force && *force) {
@@ -145,7 +192,36 @@ static int fc_bwd_kv_split(const fc_attn *a, int bc, int64_t slots) {
             if (G % s == 0 && a->kv_heads * s <= 65535) split = (int)s;
         return split;
     }
-    const int64_t ctas = (a->max_seqlen_k + bc - 1) / bc * a->kv_heads * a->batch;
+    const int64_t nblocks = (a->max_seqlen_k + bc - 1) / bc;
+    const int64_t ctas = nblocks * a->kv_heads * a->batch;
+    if (a->window_right == 0 && G > 1 && ctas <= 16 * slots && nblocks <= 65535) {
+        double *heap = (double *)malloc((size_t)slots * sizeof(double));
+        double *cost = (double *)malloc((size_t)nblocks * sizeof(double));
+        int64_t *count = (int64_t *)malloc((size_t)nblocks * sizeof(int64_t));
+        int split = 1;
+        if (heap && cost && count) {
+            double best = 0.0;
+            for (int64_t s = 1; s <= G && ctas * s <= 16 * slots; ++s) {
+                if (G % s) continue;
+                for (int64_t n = 0; n < nblocks; n++) {
+                    cost[n] = (double)(fc_bwd_causal_visits(a, br, bc, n) * (G / s)) + 1.0;
+                    count[n] = a->kv_heads * s * a->batch;
+                }
+                double t = fc_list_schedule(cost, count, nblocks, heap, slots);
+                if (s > 1)
+                    t += 1.8 * (double)(s * a->kv_heads * a->batch * a->max_seqlen_k) /
+                         (double)(br * bc);
+                if (s == 1 || t < best * (1.0 - 1e-9)) {
+                    split = (int)s;
+                    best = t;
+                }
+            }
+        }
+        free(heap);
+        free(cost);
+        free(count);
+        return split;
+    }
     if (ctas >= slots) return 1;
     int split = 1;
     double best = 0.0;
@@ -175,6 +251,7 @@ typedef struct {
     int64_t rows;     // scratch rows per head (a multiple of 128)
     int32_t sq_pad;   // batched: Sq rounded up to kFcBwdPadRows
     int kv_split;     // CTAs per (key block, KV head): fc_bwd_kv_split
+    bool key_major;   // sm90, causal: the grid (Hk S, key blocks, B) (bwd_params.h)
     int64_t kv_rows;  // key rows of one dkv_accum part (kv_split > 1)
     fc_cuda_pack_plan pk;
     size_t off[FC_BWW_N];
@@ -218,7 +295,8 @@ static flashc_status fc_cuda_bwd_plan_make(const fc_attn *a, fc_cuda_bwd_plan *p
     pl->rows = (rows + pad - 1) / pad * pad;
     pl->pk = fc_cuda_pack_layout(a, FC_PACK_N);
     pl->dq_pitch = sm90 ? pl->dim : pl->pk.dp;
-    pl->kv_split = sm90 ? fc_bwd_kv_split(a, pl->bc, (int64_t)dv.sms * per_sm) : 1;
+    pl->kv_split = sm90 ? fc_bwd_kv_split(a, pl->br, pl->bc, (int64_t)dv.sms * per_sm) : 1;
+    pl->key_major = sm90 && a->window_right == 0 && (a->max_seqlen_k + pl->bc - 1) / pl->bc <= 65535;
     pl->kv_rows = a->cu_seqlens_k ? a->total_k : a->batch * a->max_seqlen_k;
     const size_t h = (size_t)a->heads, r = (size_t)pl->rows;
     size_t sizes[FC_BWW_N] = {0};
@@ -294,6 +372,7 @@ extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes
     p.dq_swizzle = pl.family == FC_FAMILY_SM90;
     p.sem_br = pl.br;
     p.kv_split = pl.kv_split;
+    p.key_major = pl.key_major;
     p.split_heads = (int32_t)(a->heads / a->kv_heads / pl.kv_split);
     p.dkv_accum = pl.kv_split > 1 ? (float *)(base + pl.off[FC_BWW_DKV]) : NULL;
     p.kv_rows = pl.kv_rows;
@@ -324,8 +403,9 @@ extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes
         fc_bwd_dsink_kernel<<<(unsigned)a->heads, kFcBwdPrepThreads, 0, stream>>>(p);
         FC_CUDA_TRY(cudaGetLastError());
     }
-    const dim3 grid((unsigned)((a->max_seqlen_k + pl.bc - 1) / pl.bc),
-                    (unsigned)(a->kv_heads * pl.kv_split), (unsigned)a->batch);
+    const unsigned nblocks = (unsigned)((a->max_seqlen_k + pl.bc - 1) / pl.bc),
+                   ys = (unsigned)(a->kv_heads * pl.kv_split);
+    const dim3 grid(pl.key_major ? ys : nblocks, pl.key_major ? nblocks : ys, (unsigned)a->batch);
     e = cudaErrorInvalidValue;  // no instance: cannot happen after the plan
 #define FC_CASE_(F, D)                                                                 \
     case D:                                                                            \

@@ -66,6 +66,10 @@ typedef struct fc_cuda_bwd_params {
     // token (varlen); the dKV kernel (common/bwd_prep.cuh) sums the parts
     // s = 0 .. kv_split - 1 of each KV head in order into the caller's dk, dv.
     int32_t kv_split;     // >= 1, divides G
+    // 1 (sm90, causal): the grid is (y, n, b), key blocks the slowest of the
+    // first two, so that the longest CTAs (the first key blocks, which meet
+    // the most query rows) are dispatched first (bwd.cu fc_bwd_kv_split)
+    int32_t key_major;
     int32_t split_heads;  // G / kv_split: query heads per CTA
     float *dkv_accum;   // kv_split > 1 only
     int64_t kv_rows;    // B * Sk, or total_k (varlen)

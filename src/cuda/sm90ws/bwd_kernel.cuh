@@ -83,7 +83,10 @@ __global__ void __launch_bounds__(fc_sm90ws_bwd_traits<D>::kThreads, 1)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2;
     const int g = lane >> 2, t = lane & 3;
-    const int n_block = blockIdx.x, y = blockIdx.y, b = blockIdx.z;
+    // causal, the grid may be key-major (bwd_params.h key_major)
+    const bool key_major = kCausal && p.key_major;
+    const int n_block = key_major ? blockIdx.y : blockIdx.x;
+    const int y = key_major ? blockIdx.x : blockIdx.y, b = blockIdx.z;
     fc_bwd_block blk = {};
     if (!blk.template init<Br, Bc, kCausal>(p, b, n_block, p.split_heads)) return;
     const int n_iters = blk.n_iters;
