@@ -128,42 +128,12 @@ static const char *fc_bwd_ws_refusal(const fc_attn *a, int dim, const fc_cuda_de
 
 enum { FC_BWW_PACK, FC_BWW_LSE2, FC_BWW_DELTA, FC_BWW_DQACC, FC_BWW_SEM, FC_BWW_DKV, FC_BWW_N };
 
-// Query blocks (of Br rows) that key block n (Bc keys from j0 = n Bc) meets
-// under a mask whose right window is 0 (causal, maybe with a left window Wl):
-// row i sees keys up to i + Sk - Sq, and from i + Sk - Sq - Wl.
-static int64_t fc_bwd_causal_visits(const fc_attn *a, int br, int bc, int64_t n) {
-    const int64_t sq = a->max_seqlen_q, shift = a->max_seqlen_k - sq, j0 = n * bc;
-    const int64_t i_lo = j0 - shift > 0 ? j0 - shift : 0;
-    int64_t i_hi = sq - 1;
-    if (a->window_left >= 0 && j0 + bc - 1 - shift + a->window_left < i_hi)
-        i_hi = j0 + bc - 1 - shift + a->window_left;
-    return i_lo > i_hi ? 0 : i_hi / br - i_lo / br + 1;
-}
-
-// The time of CTAs placed in order, each on the slot that frees first (as the
-// hardware dispatches a grid), count[k] CTAs of cost cost[k] for each k in
-// turn, on `slots` slots: the largest finish time. heap: `slots` doubles of
-// scratch.
-static double fc_list_schedule(const double *cost, const int64_t *count, int64_t kinds,
-                               double *heap, int64_t slots) {
-    for (int64_t i = 0; i < slots; i++) heap[i] = 0.0;  // a min-heap of finish times
-    double end = 0.0;
-    for (int64_t k = 0; k < kinds; k++)
-        for (int64_t c = 0; c < count[k]; c++) {
-            const double t = heap[0] + cost[k];  // the first free slot takes it
-            end = t > end ? t : end;
-            int64_t i = 0;  // the root's new finish time sifts down
-            for (;;) {
-                const int64_t l = 2 * i + 1, r = l + 1;
-                if (l >= slots) break;
-                const int64_t m = r < slots && heap[r] < heap[l] ? r : l;
-                if (heap[m] >= t) break;
-                heap[i] = heap[m];
-                i = m;
-            }
-            heap[i] = t;
-        }
-    return end;
+// Whether the sm90 grid is key-major (bwd_params.h key_major): causal with
+// no left window (the CTAs' work falls with the key block), the key blocks
+// within grid y's limit.
+static bool fc_bwd_key_major(const fc_attn *a, int bc) {
+    return a->window_right == 0 && a->window_left < 0 &&
+           (a->max_seqlen_k + bc - 1) / bc <= 65535;
 }
 
 // The GQA split of the sm90 kernel (bwd_params.h kv_split): S CTAs per (key
@@ -172,17 +142,16 @@ static double fc_list_schedule(const double *cost, const int64_t *count, int64_t
 // KV heads, short sequences). Without a causal mask (every CTA the same work),
 // among the S whose grid stays within two waves of `slots` CTAs, the one whose
 // last wave is fullest; ties go to the smaller S (less fp32 partial traffic).
-// Causal, key block n's CTAs work ~(Sq - n Bc) / Br query blocks, so one wave
-// of few CTAs waits for its first key blocks: there the grid is key-major (the
-// longest CTAs dispatched first, fc_bwd_key_major) and S is the one with the
-// least modelled time: the grid list-scheduled on the slots (a CTA: its query
-// blocks times G / S heads, + 1 for its K, V and epilogue) plus, for S > 1,
-// the dK/dV parts written and read again (4 S Hk B Sk D floats of HBM traffic;
-// ~1.8 S Hk B Sk / (Br Bc) query-block visits at the H100's ratio of 10 Br Bc D
-// FLOPs a visit at ~3.4 TFLOP/s an SM to ~3 TB/s), among the S whose grid has
-// at most 16 waves. FLASHC_CUDA_BWD_SPLIT=n takes the largest divisor of G that
-// is at most n instead (tests, measurements).
-static int fc_bwd_kv_split(const fc_attn *a, int br, int bc, int64_t slots) {
+// Causal (no left window), key block n's CTAs meet ~(Sq - n Bc) / Br query
+// blocks, so a grid of few waves waits for its first key blocks: there the
+// grid is key-major (the longest CTAs dispatched first) and S the largest
+// divisor with at least two heads a CTA (S <= G / 2) whose grid has at most 16
+// waves. Measured on the H100 (bench/NOTES.md run 59), causal bf16, 32/2 heads
+// D128 2k and 8k, D256 8k, 64/8 heads B2 D128 2k and 8k: that S was the best
+// S or within 3% of it at each, and S = G (one head a CTA) was 3-51% slower
+// than G / 2. FLASHC_CUDA_BWD_SPLIT=n takes the largest divisor of G that is
+// at most n instead (tests, measurements).
+static int fc_bwd_kv_split(const fc_attn *a, int bc, int64_t slots) {
     const int64_t G = a->heads / a->kv_heads;
     const char *force = getenv("FLASHC_CUDA_BWD_SPLIT");
     if (force && *force) {
@@ -194,32 +163,10 @@ static int fc_bwd_kv_split(const fc_attn *a, int br, int bc, int64_t slots) {
     }
     const int64_t nblocks = (a->max_seqlen_k + bc - 1) / bc;
     const int64_t ctas = nblocks * a->kv_heads * a->batch;
-    if (a->window_right == 0 && G > 1 && ctas <= 16 * slots && nblocks <= 65535) {
-        double *heap = (double *)malloc((size_t)slots * sizeof(double));
-        double *cost = (double *)malloc((size_t)nblocks * sizeof(double));
-        int64_t *count = (int64_t *)malloc((size_t)nblocks * sizeof(int64_t));
+    if (fc_bwd_key_major(a, bc)) {
         int split = 1;
-        if (heap && cost && count) {
-            double best = 0.0;
-            for (int64_t s = 1; s <= G && ctas * s <= 16 * slots; ++s) {
-                if (G % s) continue;
-                for (int64_t n = 0; n < nblocks; n++) {
-                    cost[n] = (double)(fc_bwd_causal_visits(a, br, bc, n) * (G / s)) + 1.0;
-                    count[n] = a->kv_heads * s * a->batch;
-                }
-                double t = fc_list_schedule(cost, count, nblocks, heap, slots);
-                if (s > 1)
-                    t += 1.8 * (double)(s * a->kv_heads * a->batch * a->max_seqlen_k) /
-                         (double)(br * bc);
-                if (s == 1 || t < best * (1.0 - 1e-9)) {
-                    split = (int)s;
-                    best = t;
-                }
-            }
-        }
-        free(heap);
-        free(cost);
-        free(count);
+        for (int64_t s = 2; s <= G / 2 && ctas * s <= 16 * slots; ++s)
+            if (G % s == 0) split = (int)s;
         return split;
     }
     if (ctas >= slots) return 1;
@@ -295,8 +242,8 @@ static flashc_status fc_cuda_bwd_plan_make(const fc_attn *a, fc_cuda_bwd_plan *p
     pl->rows = (rows + pad - 1) / pad * pad;
     pl->pk = fc_cuda_pack_layout(a, FC_PACK_N);
     pl->dq_pitch = sm90 ? pl->dim : pl->pk.dp;
-    pl->kv_split = sm90 ? fc_bwd_kv_split(a, pl->br, pl->bc, (int64_t)dv.sms * per_sm) : 1;
-    pl->key_major = sm90 && a->window_right == 0 && (a->max_seqlen_k + pl->bc - 1) / pl->bc <= 65535;
+    pl->kv_split = sm90 ? fc_bwd_kv_split(a, pl->bc, (int64_t)dv.sms * per_sm) : 1;
+    pl->key_major = sm90 && fc_bwd_key_major(a, pl->bc);
     pl->kv_rows = a->cu_seqlens_k ? a->total_k : a->batch * a->max_seqlen_k;
     const size_t h = (size_t)a->heads, r = (size_t)pl->rows;
     size_t sizes[FC_BWW_N] = {0};
