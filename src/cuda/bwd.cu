@@ -11,7 +11,7 @@
 // fc_bwd_dkv_kernel then sums their fp32 dK, dV parts), fc_bwd_dq_kernel
 // (dq = dq_accum * scale), the copy-back of packed dk, dv.
 // The sm90 family's main kernel runs warp-specialised, sm90ws/bwd_kernel.cuh
-// (the same tiles, scratch and results; 2-17% faster on the H100, bench/NOTES.md
+// (the same tiles, scratch and results; 3-18% faster on the H100, bench/NOTES.md
 // run 59), unless fc_bwd_ws_refusal says it cannot (Dv != D, no instance, no
 // TMA encoder) or FLASHC_CUDA_BWD_WS=0 is set (read at each call): then
 // sm90/bwd_kernel.cuh runs.
