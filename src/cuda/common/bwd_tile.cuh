@@ -15,6 +15,19 @@
 #include "ptx.cuh"
 #include "seqlens.cuh"
 
+// The CTA's key block n, grid row y (its KV head and, with the GQA split, its
+// part: bwd_params.h kv_split) and sequence b: blockIdx (x, y, z), or (y, x, z)
+// in a key-major causal grid (bwd_params.h key_major).
+struct fc_bwd_coords {
+    int n, y, b;
+};
+template <bool kCausal>
+__device__ __forceinline__ fc_bwd_coords fc_bwd_cta_coords(const fc_cuda_bwd_params &p) {
+    const bool key_major = kCausal && p.key_major;
+    return {key_major ? (int)blockIdx.y : (int)blockIdx.x,
+            key_major ? (int)blockIdx.x : (int)blockIdx.y, (int)blockIdx.z};
+}
+
 // ---- the key block of a CTA and its query blocks ----
 struct fc_bwd_block {
     int64_t q_tok0, k_tok0;  // first query and key token of the sequence (varlen)

@@ -655,10 +655,8 @@ __global__ void __launch_bounds__(fc_sm90_bwd_traits<D>::kThreads,
     const int g = lane >> 2, t = lane & 3;
     // the GQA split: grid row y walks query heads y * split_heads .. of KV head
     // y / kv_split (y is the KV head without a split)
-    // causal, the grid may be key-major (bwd_params.h key_major)
-    const bool key_major = kCausal && p.key_major;
-    const int n_block = key_major ? blockIdx.y : blockIdx.x;
-    const int y = key_major ? blockIdx.x : blockIdx.y, b = blockIdx.z;
+    const fc_bwd_coords cta = fc_bwd_cta_coords<kCausal>(p);
+    const int n_block = cta.n, y = cta.y, b = cta.b;
 
     // ---- this sequence, key block and the query blocks (of its heads) it walks ----
     fc_bwd_block blk = {};

@@ -83,10 +83,8 @@ __global__ void __launch_bounds__(fc_sm90ws_bwd_traits<D>::kThreads, 1)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2;
     const int g = lane >> 2, t = lane & 3;
-    // causal, the grid may be key-major (bwd_params.h key_major)
-    const bool key_major = kCausal && p.key_major;
-    const int n_block = key_major ? blockIdx.y : blockIdx.x;
-    const int y = key_major ? blockIdx.x : blockIdx.y, b = blockIdx.z;
+    const fc_bwd_coords cta = fc_bwd_cta_coords<kCausal>(p);
+    const int n_block = cta.n, y = cta.y, b = cta.b;
     fc_bwd_block blk = {};
     if (!blk.template init<Br, Bc, kCausal>(p, b, n_block, p.split_heads)) return;
     const int n_iters = blk.n_iters;
