@@ -27,13 +27,16 @@
  *   the GQA split with the dQ writer, varlen with NaN rows past the last
  *   sequence; the launch line must name sm90ws_bwd_kernel on Hopper; and
  *   gpu_bwd_ws_switch: unset or =1 names sm90ws, =0 sm90_bwd_kernel. Every
- *   case here runs on the older sm90 kernel when the whole suite runs under
- *   FLASHC_CUDA_BWD_WS=0.
+ *   other case here runs on the older sm90 kernel when the whole suite runs
+ *   under FLASHC_CUDA_BWD_WS=0;
+ * - the GQA split's rule (gpu_bwd_kv_split's split_rule_ cases): the launch
+ *   line names the split it must pick, causal (key-major grid) and windowed.
  *
  * Build: this file + gpu_helpers.c + tests/helpers.c + tests/run.c, linked with
  * flashc_static and cudart. Needs a CUDA device of compute capability >= 8.0.
  * `flashc_gpu_tests gpu_bwd_bf16_d64` is the short set for compute-sanitizer.
  */
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +55,7 @@ typedef struct {
     int misalign;      /* dq and dk one element past their buffers' starts */
     int split;         /* FLASHC_CUDA_BWD_SPLIT for the case, 0: unset (the rule) */
     int ws;            /* GBW_WS_*: FLASHC_CUDA_BWD_WS, the launch line checked */
+    int want_split;    /* > 0: the sm90 family's launch line must say kv_split=want_split */
 } gbw_case;
 
 #define GBW_MAX_CASES 320
@@ -208,6 +212,13 @@ static void gbw_call_run(void *ctx) {
     k->run(k->param);
 }
 
+/* Whether the backward runs the sm80 family: not compute capability 9.0, or
+ * FLASHC_CUDA_FAMILY=sm80. */
+static int gbw_sm80_family(void) {
+    const char *family = getenv("FLASHC_CUDA_FAMILY");
+    return !gb_device_is_sm90() || (family && strcmp(family, "sm80") == 0);
+}
+
 /* How a case sets FLASHC_CUDA_BWD_WS (gbw_case, gbw_vcase .ws): left alone
  * (the launch line unchecked), =1, unset or =0 (the line checked). */
 enum { GBW_WS_KEEP, GBW_WS_ON, GBW_WS_UNSET, GBW_WS_OFF };
@@ -231,8 +242,7 @@ static void gbw_with_ws(int ws, void (*run)(const void *), const void *param) {
     FC_ASSERT_TRUE(log != NULL);
     static const char *const kernels[3] = {"sm80_bwd_kernel<", "sm90_bwd_kernel<",
                                            "sm90ws_bwd_kernel<"};
-    const char *family = getenv("FLASHC_CUDA_FAMILY");
-    const int sm80 = !gb_device_is_sm90() || (family && strcmp(family, "sm80") == 0);
+    const int sm80 = gbw_sm80_family();
     const char *want = sm80 ? kernels[0] : ws == GBW_WS_OFF ? kernels[1] : kernels[2];
     for (int i = 0; i < 3; i++)
         if ((strstr(log, kernels[i]) != NULL) != (kernels[i] == want))
@@ -242,8 +252,24 @@ static void gbw_with_ws(int ws, void (*run)(const void *), const void *param) {
     free(log);
 }
 
+/* gbw_with_ws; for a case with want_split (FLASHC_CUDA_BWD_WS left alone),
+ * the batched run with its launch line checked instead: on the sm90 family
+ * it names the GQA split the rule picked (the sm80 kernel does not split). */
 static void gbw_run_ws(const void *param) {
-    gbw_with_ws(((const gbw_case *)param)->ws, gbw_run_batched, param);
+    const gbw_case *c = (const gbw_case *)param;
+    if (!c->want_split) {
+        gbw_with_ws(c->ws, gbw_run_batched, param);
+        return;
+    }
+    gbw_call k = {gbw_run_batched, param};
+    char *log = th_capture_log("1", gbw_call_run, &k);
+    FC_ASSERT_TRUE(log != NULL);
+    char want[32];
+    snprintf(want, sizeof want, "kv_split=%d", c->want_split);
+    const char *at = strstr(log, want);
+    if (!gbw_sm80_family() && (!at || isdigit((unsigned char)at[strlen(want)])))
+        fc_test_fail(__FILE__, __LINE__, "no \"%s\" in the log:\n%s", want, log);
+    free(log);
 }
 
 /* gbw_run_batched with FLASHC_CUDA_BWD_SPLIT set to the case's split (unset
@@ -252,7 +278,10 @@ static void gbw_run_case(const void *param) {
     const gbw_case *c = (const gbw_case *)param;
     char v[16];
     snprintf(v, sizeof v, "%d", c->split);
-    gb_with_env("FLASHC_CUDA_BWD_SPLIT", c->split ? v : NULL, gbw_run_ws, param);
+    gb_env e;
+    gb_env_enter(&e, "FLASHC_CUDA_BWD_SPLIT", c->split ? v : NULL);
+    gbw_run_ws(param);
+    gb_env_leave(&e);
 }
 
 static void gbw_add(const char *name, const gbw_case *c) {
@@ -521,6 +550,29 @@ FC_TEST_REGISTER(gpu_bwd_kv_split) {
             gbw_name(name, sizeof name, kind, &c);
             gbw_add(name, &c);
         }
+    /* the rule's own picks (bwd.cu fc_bwd_kv_split), every one of these grids
+     * far below 16 waves: causal, the largest divisor S <= G / 2 (G 8: 4; G 8
+     * at D256, Bc 64, deterministic: 4), and causal with a left window (not
+     * key-major: the fullest wave within two, G 8 over 8 key blocks: 8) */
+    static const struct {
+        flashc_dtype dt;
+        int64_t d, h, hk, b, s;
+        int wl, det, want;
+    } rule[3] = {{FLASHC_DTYPE_BF16, 128, 8, 1, 1, 1000, -1, 0, 4},
+                 {FLASHC_DTYPE_FP16, 256, 16, 2, 2, 700, -1, 3, 4},
+                 {FLASHC_DTYPE_BF16, 128, 8, 1, 1, 1000, 100, 0, 8}};
+    for (int i = 0; i < 3; i++) {
+        gbw_case c;
+        memset(&c, 0, sizeof c);
+        c.o.causal = 1, c.o.wl = rule[i].wl, c.o.wr = 0;
+        c.dt = rule[i].dt, c.d = rule[i].d, c.h = rule[i].h, c.hk = rule[i].hk;
+        c.b = rule[i].b, c.sq = c.sk = rule[i].s;
+        c.deterministic = rule[i].det;
+        c.want_split = rule[i].want;
+        char name[160];
+        gbw_name(name, sizeof name, "split_rule_", &c);
+        gbw_add(name, &c);
+    }
     static const gbw_vcase vs[2] = {{FLASHC_DTYPE_BF16, 128, 8, 1, 1, 2, 0, 0},
                                     {FLASHC_DTYPE_FP16, 64, 8, 2, 0, 4, 0, 0}};
     for (int i = 0; i < 2; i++) {
