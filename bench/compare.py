@@ -32,7 +32,7 @@ forward and the backward together; FLOPs are 2.5x and 3.5x the forward's
 FLASHC_CUDA_BWD_WS=0: the sm90 backward without warp specialisation, set around
 their own calls only), sdpa-flash, sdpa-cudnn; max_err is the largest of dq, dk,
 dv against sdpa-flash's gradients (SDPA's math kernel's where GQA keeps the flash
-kernel out). --heads H/Hk gives GQA shapes in every mode (SDPA through enable_gqa).
+kernel out); the table line's err, over every flashc backend timed. --heads H/Hk gives GQA shapes in every mode (SDPA through enable_gqa).
 
 --mode decode: one query token per sequence (flashc_fwd_kvcache, no append)
 over a full cache, head dim 128, for (batch, heads, kv heads, keys) in
@@ -388,7 +388,8 @@ def bench_bwd(args, fc):
                  fl / base["flashc"] / 1e9, fl / base["flashc-det"] / 1e9,
                  fl / base["flashc-sm90"] / 1e9, fl / base["flashc-sm90-det"] / 1e9,
                  fl / base["sdpa-flash"] / 1e9, fl / base["sdpa-cudnn"] / 1e9,
-                 base["sdpa-flash"] / base["flashc"], results[-1][2]))
+                 base["sdpa-flash"] / base["flashc"],
+                 max((e for _, _, e in results if e), key=float, default="")))
         print(line, flush=True)
         table.append(line)
         del q, k, v, dout, out, lse, dq, dk, dv, qt, kt, vt, ref

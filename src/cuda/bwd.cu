@@ -146,10 +146,11 @@ static bool fc_bwd_key_major(const fc_attn *a, int bc) {
 // blocks, so a grid of few waves waits for its first key blocks: there the
 // grid is key-major (the longest CTAs dispatched first) and S the largest
 // divisor with at least two heads a CTA (S <= G / 2) whose grid has at most 16
-// waves. Measured on the H100 (bench/NOTES.md run 59), causal bf16, 32/2 heads
-// D128 2k and 8k, D256 8k, 64/8 heads B2 D128 2k and 8k: that S was the best
-// S or within 3% of it at each, and S = G (one head a CTA) was 3-51% slower
-// than G / 2. FLASHC_CUDA_BWD_SPLIT=n takes the largest divisor of G that is
+// waves (its dK/dV parts: 2 S Hk <= H rows of keys, no more workspace than
+// the dQ accumulator where Sk <= Sq). Measured on the H100 (bench/NOTES.md
+// run 59), causal bf16, 32/2 heads D128 2k and 8k, D256 8k, 64/8 heads B2
+// D128 2k and 8k: that S was the best S or within 3% of it at each, and S = G
+// (one head a CTA) was 3-51% slower than G / 2. FLASHC_CUDA_BWD_SPLIT=n takes the largest divisor of G that is
 // at most n instead (tests, measurements).
 static int fc_bwd_kv_split(const fc_attn *a, int bc, int64_t slots) {
     const int64_t G = a->heads / a->kv_heads;
@@ -394,7 +395,8 @@ extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes
                             pl.family, use_ws ? "ws" : "", pl.dim, bf16 ? "bf16" : "fp16",
                             (int)pl.causal, cudaGetErrorString(e));
     // behind the sm90 main kernel (a programmatic dependent launch itself) the
-    // dKV and dQ kernels are too: they start during its last wave, and wait
+    // dKV and dQ kernels are too: they start during its last wave, and wait;
+    // behind sm90ws (no trigger) and sm80 they are plain launches
     const bool pdl = pl.family == FC_FAMILY_SM90 && !use_ws;
     if (pl.kv_split > 1) {
         const dim3 kv_grid((unsigned)((a->max_seqlen_k + kFcBwdPrepRows - 1) / kFcBwdPrepRows),

@@ -12,8 +12,8 @@
  *   - the backward twice on that forward's out and lse: dq, dk, dv checked
  *     against fc_ref_bwd; in deterministic mode (every other case) the two
  *     runs must agree bit for bit.
- * The sweep: family {auto (on Hopper for D > 32: the sm90ws forward, the sm90
- * backward), sm90, sm80} x dtype {bf16,
+ * The sweep: family {auto (on Hopper for D > 32: the sm90ws forward and
+ * backward), sm90 (the sm90 forward, the sm90ws backward), sm80} x dtype {bf16,
  * fp16} x D {32, 64, 96, 111, 128, 160, 192, 224, 256} x causal {no, yes},
  * two windows each, each with one (Sq, Sk) from a list with Sq < Sk (short against very long
  * included), Sq = Sk and Sq > Sk, chosen so every pair of values meets; GQA

@@ -21,9 +21,10 @@
 // The first two run over (128-row blocks, H, B), the dKV kernel over
 // (128-row blocks, Hk, B); a row that lies past its sequence is skipped. out
 // and dout are read with 16-byte loads: bwd.cu hands them in place only when
-// aligned (else a repacked copy). Behind the sm90 main kernel the dKV and dQ
-// kernels are programmatic dependent launches (ptx.cuh fc_pdl_wait): their
-// CTAs start while its last ones run and wait for its end.
+// aligned (else a repacked copy). Behind the sm90 main kernel (not sm90ws's,
+// which has no trigger) the dKV and dQ kernels are programmatic dependent
+// launches (ptx.cuh fc_pdl_wait: a no-op in a plain launch): their CTAs start
+// while its last ones run and wait for its end.
 #ifndef FLASHC_CUDA_BWD_PREP_CUH
 #define FLASHC_CUDA_BWD_PREP_CUH
 

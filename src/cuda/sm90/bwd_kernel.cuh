@@ -638,8 +638,9 @@ struct fc_sm90_bwd_cta {
 };
 
 // ---- the kernel: the schedule ----
-// grid (ceil(max_seqlen_k / Bc), Hk * kv_split, B), block kThreads, dynamic
-// smem kSmemBytes.
+// grid (ceil(max_seqlen_k / Bc), Hk * kv_split, B), or key-major (Hk *
+// kv_split, ceil(max_seqlen_k / Bc), B) with key_major (causal only: bwd_params.h),
+// block kThreads, dynamic smem kSmemBytes.
 template <int D, typename T, bool kCausal>
 __global__ void __launch_bounds__(fc_sm90_bwd_traits<D>::kThreads,
                                   fc_sm90_bwd_traits<D>::kCtasPerSm)

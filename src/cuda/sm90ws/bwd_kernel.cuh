@@ -65,8 +65,8 @@
 // Named barrier of the consumers' 256 threads (0 is __syncthreads).
 enum { FC_BWS_BAR = 1 };
 
-// grid (ceil(max_seqlen_k / Bc), Hk * kv_split, B) as the sm90 kernel, block
-// kThreads (384), dynamic smem kSmemBytes.
+// grid as the sm90 kernel's (key-major with key_major), block kThreads (384),
+// dynamic smem kSmemBytes.
 template <int D, typename T, bool kCausal>
 __global__ void __launch_bounds__(fc_sm90ws_bwd_traits<D>::kThreads, 1)
     sm90ws_bwd_kernel(const __grid_constant__ fc_cuda_bwd_ws_params P) {
