@@ -15,7 +15,9 @@
 # Full logs go to $OUT (or bench/results when OUT is unset); the short table is
 # printed last. Steps can be chosen: bench/gpu.sh build test sanitize cli bench
 # decode bwd kernel (default: all but kernel). FAMILIES picks the kernel families tested (default
-# "auto sm90 sm80"),
+# "auto auto-short0 auto-short1 auto-ws0 sm90 sm80"); the test step runs them all at once,
+# SHARDS processes each (default 4, FLASHC_TEST_SHARD), every case's "ok NAME (s)" in the
+# logs (FLASHC_TEST_VERBOSE), so that a run cut off by TEST_TIMEOUT shows where it was,
 # SANITIZE_FILTER and SANITIZE_TOOLS the sanitizer's cases (default "d64") and
 # tools. BWD_ARGS passes flags to the backward runs, BWD_MODES picks them
 # (default "bwd fwdbwd"). BENCH_ARGS passes flags to compare.py (DECODE_ARGS
@@ -40,26 +42,42 @@ if has build; then
 fi
 
 # Kernel families: "auto" is what src/cuda/plan.cu:fc_cuda_family and src/cuda/fwd.cu pick (on
-# an H100/H200 for D > 32: the sm90ws forward, the sm90 backward), "sm90" keeps the cp.async
+# an H100/H200 for D > 32: the sm90ws forward and backward), "sm90" keeps the cp.async
 # sm90 forward, "sm80" forces the FA2 kernels (FLASHC_CUDA_FAMILY); "auto-short0" and
 # "auto-short1" are auto with FLASHC_CUDA_SHORT_ROW=0 / =1 (D64's sm90ws rows, src/cuda/traits.h:
-# its three-consumer row on every call / its short-work row on every call).
-families=${FAMILIES:-auto auto-short0 auto-short1 sm90 sm80}
+# its three-consumer row on every call / its short-work row on every call); "auto-ws0" is
+# auto with FLASHC_CUDA_BWD_WS=0 (the sm90 backward without warp specialisation).
+families=${FAMILIES:-auto auto-short0 auto-short1 auto-ws0 sm90 sm80}
 # fam_env FAMILY CMD...: CMD with that family's environment
 fam_env() {
-  local f=$1 s=
+  local f=$1 s= w=
   shift
-  case $f in *-short0) s=0 ;; *-short1) s=1 ;; esac
-  FLASHC_CUDA_FAMILY=${f%-short?} FLASHC_CUDA_SHORT_ROW=$s "$@"
+  case $f in *-short0) s=0 ;; *-short1) s=1 ;; *-ws0) w=0 ;; esac
+  f=${f%-short?}
+  FLASHC_CUDA_FAMILY=${f%-ws0} FLASHC_CUDA_SHORT_ROW=$s FLASHC_CUDA_BWD_WS=$w "$@"
 }
 
 if has test; then
   echo "== GPU tests =="
+  shards=${SHARDS:-4}
+  pids=()
   for fam in $families; do
-    fam_env "$fam" timeout "${TEST_TIMEOUT:-900}" ./build/flashc_gpu_tests ${TEST_FILTER:-} \
-      > "$out/gpu_tests_$fam.log" 2>&1 || status=1
-    grep -E "^not ok|FAIL" "$out/gpu_tests_$fam.log" | head -20
-    echo "family $fam: $(tail -1 "$out/gpu_tests_$fam.log")"
+    for ((k = 0; k < shards; k++)); do
+      FLASHC_TEST_SHARD=$k/$shards FLASHC_TEST_VERBOSE=1 fam_env "$fam" \
+        timeout "${TEST_TIMEOUT:-450}" ./build/flashc_gpu_tests ${TEST_FILTER:-} \
+        > "$out/gpu_tests_${fam}_$k.log" 2>&1 &
+      pids+=($!)
+    done
+  done
+  for p in "${pids[@]}"; do wait "$p" || status=1; done
+  for fam in $families; do
+    for ((k = 0; k < shards; k++)); do
+      log=$out/gpu_tests_${fam}_$k.log
+      grep -E "^not ok|FAIL" "$log" | head -10
+      last=$(tail -1 "$log")
+      [[ $last == *passed,* || $last == skipped* ]] || last="cut off after $(grep -c '^ok ' "$log") cases, in the one after: $(grep '^ok ' "$log" | tail -1)"
+      echo "family $fam shard $k/$shards: $last"
+    done
   done
 fi
 
