@@ -17,7 +17,9 @@
 # decode bwd kernel (default: all but kernel). FAMILIES picks the kernel families tested (default
 # "auto auto-short0 auto-short1 auto-ws0 sm90 sm80"); the test step runs them all at once,
 # SHARDS processes each (default 4, FLASHC_TEST_SHARD), every case's "ok NAME (s)" in the
-# logs (FLASHC_TEST_VERBOSE), so that a run cut off by TEST_TIMEOUT shows where it was,
+# logs (FLASHC_TEST_VERBOSE), so that a run cut off by TEST_TIMEOUT shows where it was
+# (on an H100, 4 families x 4 shards took about 400 s: within one 10-minute device call
+# give FAMILIES 4 families at most),
 # SANITIZE_FILTER and SANITIZE_TOOLS the sanitizer's cases (default "d64") and
 # tools. BWD_ARGS passes flags to the backward runs, BWD_MODES picks them
 # (default "bwd fwdbwd"). BENCH_ARGS passes flags to compare.py (DECODE_ARGS
