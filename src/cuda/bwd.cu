@@ -150,9 +150,10 @@ static bool fc_bwd_key_major(const fc_attn *a, int bc) {
 // the dQ accumulator where Sk <= Sq). Measured on the H100 (bench/NOTES.md
 // run 59), causal bf16, 32/2 heads D128 2k and 8k, D256 8k, 64/8 heads B2
 // D128 2k and 8k: that S was the best S or within 3% of it at each, and S = G
-// (one head a CTA) was 3-51% slower than G / 2. FLASHC_CUDA_BWD_SPLIT=n takes the largest divisor of G that is
-// at most n instead (tests, measurements).
-static int fc_bwd_kv_split(const fc_attn *a, int bc, int64_t slots) {
+// (one head a CTA) was 3-51% slower than G / 2. key_major: fc_bwd_key_major's
+// answer for this call. FLASHC_CUDA_BWD_SPLIT=n takes the largest divisor of G
+// that is at most n instead (tests, measurements).
+static int fc_bwd_kv_split(const fc_attn *a, int bc, bool key_major, int64_t slots) {
     const int64_t G = a->heads / a->kv_heads;
     const char *force = getenv("FLASHC_CUDA_BWD_SPLIT");
     if (force && *force) {
@@ -162,9 +163,8 @@ static int fc_bwd_kv_split(const fc_attn *a, int bc, int64_t slots) {
             if (G % s == 0 && a->kv_heads * s <= 65535) split = (int)s;
         return split;
     }
-    const int64_t nblocks = (a->max_seqlen_k + bc - 1) / bc;
-    const int64_t ctas = nblocks * a->kv_heads * a->batch;
-    if (fc_bwd_key_major(a, bc)) {
+    const int64_t ctas = (a->max_seqlen_k + bc - 1) / bc * a->kv_heads * a->batch;
+    if (key_major) {
         int split = 1;
         for (int64_t s = 2; s <= G / 2 && ctas * s <= 16 * slots; ++s)
             if (G % s == 0) split = (int)s;
@@ -243,8 +243,9 @@ static flashc_status fc_cuda_bwd_plan_make(const fc_attn *a, fc_cuda_bwd_plan *p
     pl->rows = (rows + pad - 1) / pad * pad;
     pl->pk = fc_cuda_pack_layout(a, FC_PACK_N);
     pl->dq_pitch = sm90 ? pl->dim : pl->pk.dp;
-    pl->kv_split = sm90 ? fc_bwd_kv_split(a, pl->bc, (int64_t)dv.sms * per_sm) : 1;
     pl->key_major = sm90 && fc_bwd_key_major(a, pl->bc);
+    pl->kv_split =
+        sm90 ? fc_bwd_kv_split(a, pl->bc, pl->key_major, (int64_t)dv.sms * per_sm) : 1;
     pl->kv_rows = a->cu_seqlens_k ? a->total_k : a->batch * a->max_seqlen_k;
     const size_t h = (size_t)a->heads, r = (size_t)pl->rows;
     size_t sizes[FC_BWW_N] = {0};
