@@ -53,7 +53,7 @@ typedef struct {
     th_opts o;
     int deterministic; /* runs: 1, or 50 for the bitwise race test */
     int misalign;      /* dq and dk one element past their buffers' starts */
-    int split;         /* FLASHC_CUDA_BWD_SPLIT for the case, 0: unset (the rule) */
+    int split;         /* FLASHC_CUDA_BWD_SPLIT for the case, 0: the environment's (the rule) */
     int ws;            /* GBW_WS_*: FLASHC_CUDA_BWD_WS, the launch line checked */
     int want_split;    /* > 0: the sm90 family's launch line must say kv_split=want_split */
 } gbw_case;
@@ -252,17 +252,21 @@ static void gbw_with_ws(int ws, void (*run)(const void *), const void *param) {
     free(log);
 }
 
-/* gbw_with_ws; for a case with want_split (FLASHC_CUDA_BWD_WS left alone),
- * the batched run with its launch line checked instead: on the sm90 family
- * it names the GQA split the rule picked (the sm80 kernel does not split). */
+/* gbw_with_ws; for a case with want_split (FLASHC_CUDA_BWD_WS left alone,
+ * FLASHC_CUDA_BWD_SPLIT unset), the batched run with its launch line checked
+ * instead: on the sm90 family it names the GQA split the rule picked (the
+ * sm80 kernel does not split). */
 static void gbw_run_ws(const void *param) {
     const gbw_case *c = (const gbw_case *)param;
     if (!c->want_split) {
         gbw_with_ws(c->ws, gbw_run_batched, param);
         return;
     }
+    gb_env e;
+    gb_env_enter(&e, "FLASHC_CUDA_BWD_SPLIT", NULL);
     gbw_call k = {gbw_run_batched, param};
     char *log = th_capture_log("1", gbw_call_run, &k);
+    gb_env_leave(&e);
     FC_ASSERT_TRUE(log != NULL);
     char want[32];
     snprintf(want, sizeof want, "kv_split=%d", c->want_split);
@@ -272,16 +276,13 @@ static void gbw_run_ws(const void *param) {
     free(log);
 }
 
-/* gbw_run_batched with FLASHC_CUDA_BWD_SPLIT set to the case's split (unset
- * for 0) and FLASHC_CUDA_BWD_WS as the case says. */
+/* gbw_run_batched with FLASHC_CUDA_BWD_SPLIT set to the case's split (left as
+ * it is for 0) and FLASHC_CUDA_BWD_WS as the case says. */
 static void gbw_run_case(const void *param) {
     const gbw_case *c = (const gbw_case *)param;
     char v[16];
     snprintf(v, sizeof v, "%d", c->split);
-    gb_env e;
-    gb_env_enter(&e, "FLASHC_CUDA_BWD_SPLIT", c->split ? v : NULL);
-    gbw_run_ws(param);
-    gb_env_leave(&e);
+    gb_with_env("FLASHC_CUDA_BWD_SPLIT", c->split ? v : NULL, gbw_run_ws, param);
 }
 
 static void gbw_add(const char *name, const gbw_case *c) {
@@ -380,7 +381,7 @@ typedef struct {
     flashc_dtype dt;
     int64_t d, h, hk;
     int causal;
-    int split; /* FLASHC_CUDA_BWD_SPLIT, 0: unset */
+    int split; /* FLASHC_CUDA_BWD_SPLIT, 0: the environment's */
     int ws;    /* GBW_WS_*: FLASHC_CUDA_BWD_WS, the launch line checked */
     int slack; /* q and dout rows past the last sequence (total_q > cu_seqlens_q[B]), NaN */
 } gbw_vcase;
