@@ -16,7 +16,8 @@ int fc_cmd_info(void) {
         {FLASHC_CPU_F16C, "f16c"},         {FLASHC_CPU_AVX512F, "avx512f"},
         {FLASHC_CPU_AVX512BW, "avx512bw"}, {FLASHC_CPU_AVX512DQ, "avx512dq"},
         {FLASHC_CPU_AVX512VL, "avx512vl"}, {FLASHC_CPU_AVX512BF16, "avx512_bf16"},
-        {FLASHC_CPU_AVX512FP16, "avx512_fp16"}};
+        {FLASHC_CPU_AVX512FP16, "avx512_fp16"},
+        {FLASHC_CPU_AMXBF16, "amx_bf16"}};
 
     printf("flashc %s (header %d.%d.%d)\n", flashc_version(), FLASHC_VERSION_MAJOR,
            FLASHC_VERSION_MINOR, FLASHC_VERSION_PATCH);
@@ -38,7 +39,7 @@ int fc_cmd_info(void) {
             printf(" %s", features[i].name);
             any = 1;
         }
-    printf("%s\n", any ? "" : " none of avx2, fma, f16c, avx512*");
+    printf("%s\n", any ? "" : " none of avx2, fma, f16c, avx512*, amx");
 
     flashc_simd active = flashc_simd_active();
     printf("simd paths:  ");

@@ -499,10 +499,11 @@ typedef enum {
     FLASHC_SIMD_SCALAR = 0, /* portable C */
     FLASHC_SIMD_AVX2 = 1,   /* AVX2 + FMA + F16C */
     FLASHC_SIMD_AVX512 = 2, /* AVX-512 F/BW/DQ/VL, using AVX512_BF16 when present */
+    FLASHC_SIMD_AMX = 3,    /* avx512, with bf16 products on AMX tiles (AMX-TILE, AMX-BF16) */
     FLASHC_SIMD_COUNT
 } flashc_simd;
 
-/* flashc_simd_name() : "scalar", "avx2", "avx512". */
+/* flashc_simd_name() : "scalar", "avx2", "avx512", "amx". */
 FLASHC_API const char *flashc_simd_name(flashc_simd s);
 /* flashc_simd_supported() : 1 if this CPU (and this build) can run path s. */
 FLASHC_API int flashc_simd_supported(flashc_simd s);
@@ -523,6 +524,12 @@ FLASHC_API flashc_status flashc_set_simd(flashc_simd s);
 #define FLASHC_CPU_AVX512VL (1u << 6)
 #define FLASHC_CPU_AVX512BF16 (1u << 7)
 #define FLASHC_CPU_AVX512FP16 (1u << 8)
+/* AMX-TILE and AMX-BF16, with the tile state enabled by the OS. The amx path also
+ * needs Linux to grant the process that state (arch_prctl ARCH_REQ_XCOMP_PERM):
+ * flashc asks the first time it considers the path (flashc_simd_supported(
+ * FLASHC_SIMD_AMX), hence the default choice unless FLASHC_SIMD names another
+ * path); where that is refused, the path is unsupported and avx512 is used. */
+#define FLASHC_CPU_AMXBF16 (1u << 9)
 FLASHC_API unsigned flashc_cpu_features(void);
 
 /* ---- backends ---- */

@@ -374,7 +374,12 @@ FC_TEST(api_simd) {
                         FLASHC_CPU_AVX512VL;
         FC_EXPECT_EQ(f & need, need);
     }
-    static const char *const names[FLASHC_SIMD_COUNT] = {"scalar", "avx2", "avx512"};
+    if (flashc_simd_supported(FLASHC_SIMD_AMX)) {
+        FC_EXPECT_EQ(flashc_simd_supported(FLASHC_SIMD_AVX512), 1);
+        unsigned need = FLASHC_CPU_AVX512BF16 | FLASHC_CPU_AMXBF16;
+        FC_EXPECT_EQ(f & need, need);
+    }
+    static const char *const names[FLASHC_SIMD_COUNT] = {"scalar", "avx2", "avx512", "amx"};
     for (int s = 0; s < FLASHC_SIMD_COUNT; s++) {
         const char *nm = flashc_simd_name((flashc_simd)s);
         if (!nm || strcmp(nm, names[s]) != 0)

@@ -2,8 +2,13 @@
  *
  * Features come from cpuid and xgetbv (the OS must save the AVX / AVX-512
  * state). The active path is the best one the CPU and the build support, unless
- * FLASHC_SIMD=scalar|avx2|avx512 or flashc_set_simd() asks for another.
+ * FLASHC_SIMD=scalar|avx2|avx512|amx or flashc_set_simd() asks for another.
+ * The amx path also needs the OS's permission for the tile state (Linux:
+ * arch_prctl), asked for once, the first time the path is considered.
  */
+#if defined(__linux__) && !defined(_DEFAULT_SOURCE)
+#define _DEFAULT_SOURCE /* syscall() under -std=c11 */
+#endif
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +32,7 @@ static unsigned fc_detect_features(void) {
     uint64_t xcr0 = fc_xgetbv0();
     int os_avx = (xcr0 & 0x6) == 0x6;
     int os_avx512 = os_avx && (xcr0 & 0xe0) == 0xe0;
+    int os_amx = (xcr0 & 0x60000) == 0x60000; /* XTILECFG, XTILEDATA */
     if (!os_avx) return 0;
     if ((c >> 12) & 1) f |= FLASHC_CPU_FMA;
     if ((c >> 29) & 1) f |= FLASHC_CPU_F16C;
@@ -39,15 +45,40 @@ static unsigned fc_detect_features(void) {
         if ((b >> 30) & 1) f |= FLASHC_CPU_AVX512BW;
         if ((b >> 31) & 1) f |= FLASHC_CPU_AVX512VL;
         if ((d >> 23) & 1) f |= FLASHC_CPU_AVX512FP16;
+        if (os_amx && ((d >> 22) & 1) && ((d >> 24) & 1)) f |= FLASHC_CPU_AMXBF16;
         unsigned a1, b1, c1, d1;
         __cpuid_count(7, 1, a1, b1, c1, d1);
         if ((a1 >> 5) & 1) f |= FLASHC_CPU_AVX512BF16;
     }
     return f;
 }
+
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+/* Linux hands out the AMX tile state per process on request (5.16 and later). */
+static int fc_amx_request(void) {
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+#else
+static int fc_amx_request(void) { return 0; }
+#endif
 #else
 static unsigned fc_detect_features(void) { return 0; }
+static int fc_amx_request(void) { return 0; }
 #endif
+
+/* The amx path's permission, asked for once (1 granted, 0 refused). */
+static int fc_amx_granted(void) {
+    static atomic_int granted = -1;
+    int g = atomic_load(&granted);
+    if (g < 0) {
+        g = fc_amx_request();
+        atomic_store(&granted, g);
+    }
+    return g;
+}
 
 unsigned flashc_cpu_features(void) {
     static atomic_uint cached; /* features | 1u << 31 once detected */
@@ -68,6 +99,9 @@ static const fc_simd_ops *fc_simd_table(flashc_simd s) {
 #if defined(FLASHC_HAVE_AVX512)
     case FLASHC_SIMD_AVX512: return &fc_simd_avx512_ops;
 #endif
+#if defined(FLASHC_HAVE_AMX)
+    case FLASHC_SIMD_AMX: return &fc_simd_amx_ops;
+#endif
     default: return NULL;
     }
 }
@@ -86,6 +120,9 @@ int flashc_simd_supported(flashc_simd s) {
                         FLASHC_CPU_AVX512VL | FLASHC_CPU_FMA | FLASHC_CPU_F16C;
         return (f & need) == need;
     }
+    case FLASHC_SIMD_AMX:
+        return flashc_simd_supported(FLASHC_SIMD_AVX512) && (f & FLASHC_CPU_AVX512BF16) &&
+               (f & FLASHC_CPU_AMXBF16) && fc_amx_granted();
     default: return 0;
     }
 }
@@ -95,6 +132,7 @@ const char *flashc_simd_name(flashc_simd s) {
     case FLASHC_SIMD_SCALAR: return "scalar";
     case FLASHC_SIMD_AVX2: return "avx2";
     case FLASHC_SIMD_AVX512: return "avx512";
+    case FLASHC_SIMD_AMX: return "amx";
     default: return "invalid";
     }
 }

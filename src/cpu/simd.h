@@ -88,6 +88,14 @@ typedef struct fc_simd_ops {
      * (fp32 or bf16) interleaved into pairs, fp32 rounded to nearest even
      * (denormals may flush to 0); r1 == NULL gives 0 high halves. */
     void (*pack_pairs)(flashc_dtype dt, int n, const void *r0, const void *r1, uint32_t *dst);
+    /* softmax_cols along the rows of x[M][N] (row r: one query's scores of N
+     * keys, log2 units; m, l, alpha per row, as softmax_cols has them per
+     * column), x left as it is and P written as bf16 into p2: row r at
+     * p2 + r * ldp holds the N values as pairs of keys (simd.h's pairs, an odd
+     * N's last pair with a 0 high half); l sums the fp32 P. NULL where the
+     * forward's queries-down layout is not used (fwd.c: the amx table only). */
+    void (*softmax_rows_bf16)(int M, int N, const float *x, int ld, float *m, float *l,
+                              float *alpha, uint32_t *p2, int ldp);
 
     /* ---- decode's scores (optional; NULL where the path has none) ----
      * s[c * lds + r] = sum_d q[c * ldq + d] * k_r[d] for r < nk, c < nq (1..8): the
@@ -108,13 +116,16 @@ typedef struct fc_simd_ops {
 /* The active table (never NULL). */
 const fc_simd_ops *fc_simd(void);
 
-/* Tables of the three paths; a path's table is NULL when the build lacks it. */
+/* Tables of the paths; a path's table is NULL when the build lacks it. */
 extern const fc_simd_ops fc_simd_scalar_ops;
 #if defined(FLASHC_HAVE_AVX2)
 extern const fc_simd_ops fc_simd_avx2_ops;
 #endif
 #if defined(FLASHC_HAVE_AVX512)
 extern const fc_simd_ops fc_simd_avx512_ops;
+#endif
+#if defined(FLASHC_HAVE_AMX)
+extern const fc_simd_ops fc_simd_amx_ops;
 #endif
 
 #endif /* FLASHC_CPU_SIMD_H */

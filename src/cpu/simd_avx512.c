@@ -34,6 +34,7 @@
  */
 #include <immintrin.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "simd.h"
 #include "../common/philox.h"
@@ -369,6 +370,46 @@ static void fc_avx512_softmax_cols(int M, int N, float *x, int ld, float *m, flo
         _mm512_mask_storeu_ps(m + c, k, mx);
         _mm512_mask_storeu_ps(l + c, k, lv);
         _mm512_mask_storeu_ps(alpha + c, k, a);
+    }
+}
+
+/* softmax_cols' twin along rows, P out as bf16 pairs (simd.h). Masked lanes
+ * load -inf, whose exp2 is 0. */
+static void fc_avx512_softmax_rows_bf16(int M, int N, const float *x, int ld, float *m, float *l,
+                                        float *alpha, uint32_t *p2, int ldp) {
+    const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+    for (int r = 0; r < M; r++) {
+        const float *row = x + (size_t)r * ld;
+        uint16_t *out = (uint16_t *)(p2 + (size_t)r * ldp);
+        __m512 v0 = ninf, v1 = ninf;
+        int c = 0;
+        for (; c + 32 <= N; c += 32) {
+            v0 = _mm512_max_ps(v0, _mm512_loadu_ps(row + c));
+            v1 = _mm512_max_ps(v1, _mm512_loadu_ps(row + c + 16));
+        }
+        for (; c < N; c += 16) v0 = _mm512_max_ps(v0, _mm512_mask_loadu_ps(ninf, fc_mask(N - c), row + c));
+        float mo = m[r], mx = _mm512_reduce_max_ps(_mm512_max_ps(v0, v1));
+        mx = mo > mx ? mo : mx;
+        __m512 u = _mm512_set1_ps(mx == -__builtin_inff() ? 0.0f : mx);
+        __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+        for (c = 0; c + 32 <= N; c += 32) {
+            __m512 e0 = fc_exp2(_mm512_sub_ps(_mm512_loadu_ps(row + c), u));
+            __m512 e1 = fc_exp2(_mm512_sub_ps(_mm512_loadu_ps(row + c + 16), u));
+            s0 = _mm512_add_ps(s0, e0);
+            s1 = _mm512_add_ps(s1, e1);
+            _mm512_storeu_si512((void *)(out + c), (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+        }
+        for (; c < N; c += 16) {
+            __mmask16 k = fc_mask(N - c);
+            __m512 e0 = fc_exp2(_mm512_sub_ps(_mm512_mask_loadu_ps(ninf, k, row + c), u));
+            s0 = _mm512_add_ps(s0, e0);
+            _mm256_mask_storeu_epi16(out + c, k, (__m256i)_mm512_cvtneps_pbh(e0));
+        }
+        if (N & 1) out[N] = 0;
+        float a = _mm512_cvtss_f32(fc_exp2(_mm512_sub_ps(_mm512_set1_ps(mo), u)));
+        alpha[r] = a;
+        l[r] = a * l[r] + _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+        m[r] = mx;
     }
 }
 
@@ -717,10 +758,241 @@ static void fc_avx512_axpy_rows(flashc_dtype dt, int nv, int Dv, const void *con
     FC_SWITCH_NQ(nq, fc_axpy_rows_nq, dt, nv, Dv, vrows, p, ldp, o, ldo)
 }
 
-const fc_simd_ops fc_simd_avx512_ops = {
-    FLASHC_SIMD_AVX512,    fc_avx512_gemm_nn,      fc_avx512_gemm_nt,      fc_avx512_gemm_tn,
-    fc_avx512_exp2_sum,    fc_avx512_max,          fc_avx512_scale,        fc_avx512_load,
-    fc_avx512_store,       fc_avx512_score_mod,    fc_avx512_softmax_cols, fc_avx512_dropout_cols,
-    FLASHC_CPU_AVX512BF16, fc_avx512_gemm_bf16_nn, fc_avx512_gemm_bf16_tn, fc_avx512_gemm_bf16_nt,
-    fc_avx512_pack_pairs,  fc_avx512_dot_rows,     fc_avx512_axpy_rows,
-};
+#if defined(FLASHC_HAVE_AMX)
+/* ---- bf16 GEMMs on AMX tiles (AMX-TILE, AMX-BF16: tdpbf16ps) ----
+ * A tile register holds 16 rows of 64 bytes. tdpbf16ps C += A B takes A as 16
+ * rows of 16 pairs (the inner dimension along a row) and B as 16 rows of pairs
+ * by 16 columns: simd.h's pair layout is the tiles' own, so gemm_bf16_nn reads
+ * A and B where they lie. One instruction is 16 x 16 x 32 multiply-adds.
+ *
+ * C is computed in blocks of 32 x 32 (tiles 0-3), from two tiles of A (4, 5)
+ * and two of B (6, 7) per 16 pairs of the inner dimension. An operand is read
+ * in place when its tiles are whole; otherwise (A^T of gemm_bf16_tn, B^T of
+ * gemm_bf16_nt, a dimension off a multiple of 16) a panel of 32 rows (A) or
+ * 32 columns (B) is copied onto the stack, transposed by 16 x 16 blocks of
+ * 32-bit words where it comes transposed, zero past its edges; the loop runs
+ * first over the blocks of the operand that was copied, so each copy is made
+ * once. Inner dimensions past FC_AMX_KC pairs run in chunks that add to C.
+ *
+ * The tile configuration is loaded at the start of every call and released
+ * at its end: a thread may run other AMX code (oneDNN, say) between two calls,
+ * and released tiles cost nothing at a context switch. */
+enum { FC_AMX_KC = 256 };
+
+typedef struct fc_amx_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} fc_amx_config;
+
+static void fc_amx_configure(void) {
+    fc_amx_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        c.rows[t] = 16;
+        c.colsb[t] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* dst (16 x 16 words, rows ldd apart) = the block at src of nr rows by nc
+ * words (rows ld apart; zero past them), transposed when t. Masked-off lanes
+ * are not read. */
+static void fc_amx_block(int t, int nr, int nc, const uint32_t *src, ptrdiff_t ld, uint32_t *dst,
+                         ptrdiff_t ldd) {
+    __m512 r[16];
+    __mmask16 mk = fc_mask(nc);
+    for (int i = 0; i < 16; i++)
+        r[i] = i < nr ? _mm512_maskz_loadu_ps(mk, src + (size_t)i * ld) : _mm512_setzero_ps();
+    if (t) fc_transpose16(r);
+    for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + (size_t)i * ldd, r[i]);
+}
+
+/* A 32 x K2p panel of A (rows of pairs), zero past mrows and K2: at = 0
+ * copies rows of A, at = 1 transposes A^T (A[p][m]). */
+static void fc_amx_pack_a(int at, int mrows, int K2, int K2p, const uint32_t *A, ptrdiff_t lda,
+                          uint32_t *dst) {
+    for (int m0 = 0; m0 < 32; m0 += 16)
+        for (int p0 = 0; p0 < K2p; p0 += 16) {
+            uint32_t *d = dst + (size_t)m0 * K2p + p0;
+            if (at)
+                fc_amx_block(1, K2 - p0, mrows - m0, A + (size_t)p0 * lda + m0, lda, d, K2p);
+            else
+                fc_amx_block(0, mrows - m0, K2 - p0, A + (size_t)m0 * lda + p0, lda, d, K2p);
+        }
+}
+
+/* A K2p x 32 panel of B (pairs down, columns across), zero past ncols and K2:
+ * bt = 0 copies rows of B (B[p][n]), bt = 1 transposes B^T (B[n][p]). */
+static void fc_amx_pack_b(int bt, int ncols, int K2, int K2p, const uint32_t *B, ptrdiff_t ldb,
+                          uint32_t *dst) {
+    for (int n0 = 0; n0 < 32; n0 += 16)
+        for (int p0 = 0; p0 < K2p; p0 += 16) {
+            uint32_t *d = dst + (size_t)p0 * 32 + n0;
+            if (bt)
+                fc_amx_block(1, ncols - n0, K2 - p0, B + (size_t)n0 * ldb + p0, ldb, d, 32);
+            else
+                fc_amx_block(0, K2 - p0, ncols - n0, B + (size_t)p0 * ldb + n0, ldb, d, 32);
+        }
+}
+
+/* C = (acc ? C : 0) + scale * (tile t's product) for a block of mr x nc at c.
+ * A whole block with acc and scale 1 started from C (FC_AMX_LOAD) and is stored
+ * as it is; a whole block without acc is stored, then scaled in place; a
+ * partial block goes through tmp, whose rows and columns past it are dropped. */
+#define FC_AMX_LOAD(t, c, mr, nc)                                                                  \
+    do {                                                                                           \
+        if (from_c && (mr) == 16 && (nc) == 16)                                                    \
+            _tile_loadd(t, c, (ptrdiff_t)ldc * 4);                                                 \
+        else                                                                                       \
+            _tile_zero(t);                                                                         \
+    } while (0)
+#define FC_AMX_STORE(t, c, mr, nc)                                                                 \
+    do {                                                                                           \
+        if ((mr) == 16 && (nc) == 16 && (from_c || !acc)) {                                        \
+            _tile_stored(t, c, (ptrdiff_t)ldc * 4);                                                \
+            if (!from_c && scale != 1.0f) fc_amx_out(c, ldc, c, ldc, 16, 16, scale, 0);            \
+        } else {                                                                                   \
+            _tile_stored(t, tmp, 64);                                                              \
+            fc_amx_out(tmp, 16, c, ldc, mr, nc, scale, acc);                                       \
+        }                                                                                          \
+    } while (0)
+
+static inline void fc_amx_out(const float *src, ptrdiff_t lds, float *c, ptrdiff_t ldc, int mr,
+                              int nc, float scale, int acc) {
+    const __m512 vs = _mm512_set1_ps(scale);
+    __mmask16 k = fc_mask(nc);
+    for (int r = 0; r < mr; r++) {
+        float *p = c + r * ldc;
+        __m512 x = _mm512_mul_ps(vs, _mm512_maskz_loadu_ps(k, src + r * lds));
+        if (acc) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(k, p));
+        _mm512_mask_storeu_ps(p, k, x);
+    }
+}
+
+static void fc_amx_gemm(int at, int bt, int M, int N, int K2, const uint32_t *A, int lda,
+                        const uint32_t *B, int ldb, float *C, int ldc, float scale, int acc) {
+    if (M <= 0 || N <= 0) return;
+    if (K2 <= 0) {
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) C[(size_t)m * ldc + n] = acc ? C[(size_t)m * ldc + n] : 0.0f;
+        return;
+    }
+    if (K2 > FC_AMX_KC) { /* chunks of the inner dimension, each adding to C */
+        for (int k0 = 0; k0 < K2; k0 += FC_AMX_KC) {
+            int kc = K2 - k0 < FC_AMX_KC ? K2 - k0 : FC_AMX_KC;
+            fc_amx_gemm(at, bt, M, N, kc, at ? A + (size_t)k0 * lda : A + k0, lda,
+                        bt ? B + k0 : B + (size_t)k0 * ldb, ldb, C, ldc, scale, acc || k0 > 0);
+        }
+        return;
+    }
+    const int K2p = (K2 + 15) / 16 * 16;
+    const int kwhole = K2 % 16 == 0;
+    uint32_t apanel[32 * FC_AMX_KC] __attribute__((aligned(64)));
+    uint32_t bpanel[FC_AMX_KC * 32] __attribute__((aligned(64)));
+    /* which operand is copied: the loop runs over its panels first */
+    const int a_copy = at || !kwhole || M % 16 != 0;
+    const int b_copy = bt || !kwhole || N % 16 != 0;
+    const int m_outer = a_copy || !b_copy;
+    const int from_c = acc && scale == 1.0f;
+    float tmp[256] __attribute__((aligned(64)));
+    const int nmo = m_outer ? (M + 31) / 32 : (N + 31) / 32;
+    const int nin = m_outer ? (N + 31) / 32 : (M + 31) / 32;
+    fc_amx_configure();
+    for (int io = 0; io < nmo; io++) {
+        for (int ii = 0; ii < nin; ii++) {
+            int m0 = 32 * (m_outer ? io : ii), n0 = 32 * (m_outer ? ii : io);
+            int mr = M - m0 < 32 ? M - m0 : 32, nc = N - n0 < 32 ? N - n0 : 32;
+            const uint32_t *a, *b;
+            ptrdiff_t sa, sb; /* bytes between tile rows */
+            if (a_copy) {
+                if (ii == 0 || !m_outer) fc_amx_pack_a(at, mr, K2, K2p, at ? A + m0 : A + (size_t)m0 * lda, lda, apanel);
+                a = apanel;
+                sa = (ptrdiff_t)K2p * 4;
+            } else {
+                a = A + (size_t)m0 * lda;
+                sa = (ptrdiff_t)lda * 4;
+            }
+            if (b_copy) {
+                if (ii == 0 || m_outer) fc_amx_pack_b(bt, nc, K2, K2p, bt ? B + (size_t)n0 * ldb : B + n0, ldb, bpanel);
+                b = bpanel;
+                sb = 32 * 4;
+            } else {
+                b = B + n0;
+                sb = (ptrdiff_t)ldb * 4;
+            }
+            const int two_m = mr > 16, two_n = nc > 16;
+            const ptrdiff_t a1 = a_copy ? (ptrdiff_t)16 * K2p : (ptrdiff_t)16 * lda;
+            const ptrdiff_t bstep = b_copy ? 16 * 32 : (ptrdiff_t)16 * ldb;
+            float *c = C + (size_t)m0 * ldc + n0;
+            const int m_lo = mr < 16 ? mr : 16, n_lo = nc < 16 ? nc : 16;
+            FC_AMX_LOAD(0, c, m_lo, n_lo);
+            if (two_n) FC_AMX_LOAD(1, c + 16, m_lo, nc - 16);
+            if (two_m) {
+                FC_AMX_LOAD(2, c + (size_t)16 * ldc, mr - 16, n_lo);
+                if (two_n) FC_AMX_LOAD(3, c + (size_t)16 * ldc + 16, mr - 16, nc - 16);
+            }
+            for (int p0 = 0; p0 < K2p; p0 += 16) {
+                const uint32_t *ap = a + p0, *bp = b + (ptrdiff_t)(p0 / 16) * bstep;
+                _tile_loadd(4, ap, sa);
+                _tile_loadd(6, bp, sb);
+                _tile_dpbf16ps(0, 4, 6);
+                if (two_n) {
+                    _tile_loadd(7, bp + 16, sb);
+                    _tile_dpbf16ps(1, 4, 7);
+                }
+                if (two_m) {
+                    _tile_loadd(5, ap + a1, sa);
+                    _tile_dpbf16ps(2, 5, 6);
+                    if (two_n) _tile_dpbf16ps(3, 5, 7);
+                }
+            }
+            FC_AMX_STORE(0, c, m_lo, n_lo);
+            if (two_n) FC_AMX_STORE(1, c + 16, m_lo, nc - 16);
+            if (two_m) {
+                FC_AMX_STORE(2, c + (size_t)16 * ldc, mr - 16, n_lo);
+                if (two_n) FC_AMX_STORE(3, c + (size_t)16 * ldc + 16, mr - 16, nc - 16);
+            }
+        }
+    }
+    _tile_release();
+}
+
+static void fc_amx_gemm_bf16_nn(int M, int N, int K2, const uint32_t *A, int lda,
+                                const uint32_t *B, int ldb, float *C, int ldc, float scale,
+                                int acc) {
+    fc_amx_gemm(0, 0, M, N, K2, A, lda, B, ldb, C, ldc, scale, acc);
+}
+
+static void fc_amx_gemm_bf16_tn(int M, int N, int K2, const uint32_t *A, int lda,
+                                const uint32_t *B, int ldb, float *C, int ldc, float scale,
+                                int acc) {
+    fc_amx_gemm(1, 0, M, N, K2, A, lda, B, ldb, C, ldc, scale, acc);
+}
+
+static void fc_amx_gemm_bf16_nt(int M, int N, int K2, const uint32_t *A, int lda,
+                                const uint32_t *B, int ldb, float *C, int ldc, float scale,
+                                int acc) {
+    fc_amx_gemm(0, 1, M, N, K2, A, lda, B, ldb, C, ldc, scale, acc);
+}
+#endif /* FLASHC_HAVE_AMX */
+
+/* The avx512 table, and the amx table: the same with the bf16 GEMMs on tiles. */
+#define FC_AVX512_TABLE(level, bf16_cpu, bf16_nn, bf16_tn, bf16_nt, softmax_rows_bf16)             \
+    {                                                                                              \
+        level, fc_avx512_gemm_nn, fc_avx512_gemm_nt, fc_avx512_gemm_tn, fc_avx512_exp2_sum,        \
+        fc_avx512_max, fc_avx512_scale, fc_avx512_load, fc_avx512_store, fc_avx512_score_mod,      \
+        fc_avx512_softmax_cols, fc_avx512_dropout_cols, bf16_cpu, bf16_nn, bf16_tn, bf16_nt,       \
+        fc_avx512_pack_pairs, softmax_rows_bf16, fc_avx512_dot_rows, fc_avx512_axpy_rows,          \
+    }
+
+const fc_simd_ops fc_simd_avx512_ops =
+    FC_AVX512_TABLE(FLASHC_SIMD_AVX512, FLASHC_CPU_AVX512BF16, fc_avx512_gemm_bf16_nn,
+                    fc_avx512_gemm_bf16_tn, fc_avx512_gemm_bf16_nt, NULL);
+#if defined(FLASHC_HAVE_AMX)
+const fc_simd_ops fc_simd_amx_ops =
+    FC_AVX512_TABLE(FLASHC_SIMD_AMX, FLASHC_CPU_AVX512BF16 | FLASHC_CPU_AMXBF16,
+                    fc_amx_gemm_bf16_nn, fc_amx_gemm_bf16_tn, fc_amx_gemm_bf16_nt,
+                    fc_avx512_softmax_rows_bf16);
+#endif
