@@ -86,6 +86,15 @@ static const fc_fwd_tiles fc_fwd_tile_table[] = {
     {INT64_MAX, 128, 128},
 };
 
+/* bf16 on AMX tiles (p->tiles): the tiles' GEMMs run at 1.0-1.3 TFLOP/s from
+ * cache, so the time goes to the softmax and to reading Kj, Vj once per query
+ * tile (a head's K and V at S = 4k fill half the L2). Measured on a 2-core
+ * Sapphire Rapids VM (2 MB L2 per core), one thread, S = 4k, D 64/128/256:
+ * 256 x 256 was 1.05-1.2x 128 x 128 and 128 x 192; 512 x 256 another 1.05-1.1x
+ * without a causal mask but 0.9x with one (the diagonal's masked half), so
+ * not taken (bench/NOTES.md). */
+static const fc_fwd_tiles fc_fwd_amx_tiles = {INT64_MAX, 256, 256};
+
 static fc_fwd_tiles fc_fwd_pick_tiles(int64_t D) {
     size_t n = sizeof fc_fwd_tile_table / sizeof fc_fwd_tile_table[0];
     for (size_t i = 0; i + 1 < n; i++)
@@ -134,6 +143,9 @@ typedef struct fc_fwd_plan {
     int ldq;                 /* Br rounded up to 16: rows of Qi^T and S^T */
     int ldd;                 /* max(D, Dv) rounded up to 16: rows of Oi, Kj, Vj */
     int dot;                 /* bf16 inputs on a path with bf16 dot products */
+    int tiles;               /* ... whose GEMMs run on AMX tiles */
+    int qdown;               /* S with the queries down (fc_fwd_qdown_block) */
+    int ldq2, lds, ldp2;     /* qdown: words of a Qi row, floats of an S row, words of a P row */
     int rows_nq;             /* tiles of at most this many columns: Q K^T by rows */
     size_t buf[FC_FWD_NBUF]; /* byte offsets inside one thread's scratch */
     size_t thread_bytes;     /* one thread's scratch, whole cache lines */
@@ -168,22 +180,36 @@ static int fc_fwd_use_dot(const fc_attn *a, const fc_simd_ops *ops) {
 static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_plan *p) {
     /* Oi and Vj rows hold Dv, Kj rows D, and Qi rows pass through Oi */
     int64_t dmax = a->head_dim > a->head_dim_v ? a->head_dim : a->head_dim_v;
-    fc_fwd_tiles t = fc_fwd_pick_tiles(dmax);
+    fc_fwd_tiles t = fc_fwd_use_dot(a, ops) && ops->level == FLASHC_SIMD_AMX ? fc_fwd_amx_tiles
+                                                                           : fc_fwd_pick_tiles(dmax);
     p->Br = t.Br;
     p->Bc = t.Bc;
     p->ldq = (t.Br + 15) / 16 * 16;
     p->ldd = (int)((dmax + 15) / 16 * 16);
     p->dot = fc_fwd_use_dot(a, ops);
+    p->tiles = p->dot && ops->level == FLASHC_SIMD_AMX;
+    p->qdown = p->tiles && ops->softmax_rows_bf16 && a->dropout_p == 0.0f && !a->probs;
     p->rows_nq = !ops->dot_rows || !ops->axpy_rows ? 0 : p->dot ? FC_FWD_ROW_NQ_DOT : FC_FWD_ROW_NQ;
-    size_t f = sizeof(float), D = (size_t)a->head_dim;
+    p->ldq2 = (int)((a->head_dim + 1) / 2 + 15) / 16 * 16;
+    p->lds = (t.Bc + 15) / 16 * 16;
+    p->ldp2 = ((t.Bc + 1) / 2 + 15) / 16 * 16;
+    size_t f = sizeof(float), D = (size_t)a->head_dim, Br = (size_t)t.Br;
     size_t pairs = (size_t)(t.Bc + 1) / 2;
+    /* bf16 reserves the queries-down buffers too, on every path */
+    int bf16 = a->dtype == FLASHC_DTYPE_BF16;
+    size_t qt = D * p->ldq * f, st = (size_t)t.Bc * p->ldq * f, p2 = bf16 ? pairs * p->ldq * f : 0;
+    if (bf16) {
+        qt = qt > Br * p->ldq2 * f ? qt : Br * p->ldq2 * f;
+        st = st > Br * p->lds * f ? st : Br * p->lds * f;
+        p2 = p2 > Br * p->ldp2 * f ? p2 : Br * p->ldp2 * f;
+    }
     size_t sizes[FC_FWD_NBUF] = {
-        [FC_FWD_QT] = D * p->ldq * f,
+        [FC_FWD_QT] = qt,
         [FC_FWD_O] = (size_t)t.Br * p->ldd * f,
-        [FC_FWD_ST] = (size_t)t.Bc * p->ldq * f,
+        [FC_FWD_ST] = st,
         [FC_FWD_K] = (size_t)t.Bc * p->ldd * f,
         [FC_FWD_V] = (size_t)t.Bc * p->ldd * f,
-        [FC_FWD_P2] = a->dtype == FLASHC_DTYPE_BF16 ? pairs * p->ldq * f : 0,
+        [FC_FWD_P2] = p2,
         [FC_FWD_M] = p->ldq * f,
         [FC_FWD_L] = p->ldq * f,
         [FC_FWD_ALPHA] = p->ldq * f,
@@ -280,11 +306,14 @@ static void fc_fwd_prefetch_row(const char *p, size_t bytes) {
  * on memory while the micro-kernels idle. Not for a narrow tile (the row path)
  * whose rows lie end to end (s_seq = dim, not paged: ggml's [B][Hk][N][D]): the
  * hardware prefetchers stream those, and a block's lines issued at once only
- * wait for fill buffers ahead of the row ops (bench/NOTES.md, issue 22). */
+ * wait for fill buffers ahead of the row ops (bench/NOTES.md, issue 22). Nor
+ * for a tile whose GEMMs run on AMX tiles: there the prefetches cost 10% of the
+ * forward's time and the tile loads wait no longer without them (bench/NOTES.md). */
 static void fc_fwd_prefetch(const fc_fwd_ctx *x, const fc_view *v, int64_t dim, const fc_fwd_tile *t,
                             int64_t j0, int nk) {
     const fc_attn *a = x->a;
     if (t->rows && v->s_seq == dim && !a->block_table) return;
+    if (x->plan->tiles && !t->rows) return;
     size_t es = flashc_dtype_size(a->dtype);
     for (int r = 0; r < nk; r++)
         fc_fwd_prefetch_row(fc_fwd_kvrow(a, v, t, j0 + r), (size_t)dim * es);
@@ -353,6 +382,29 @@ static void fc_fwd_scores_rows(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_
             t->st[(size_t)r * p->ldq + c] = t->sr[(size_t)c * p->Bc + r];
 }
 
+/* Kj's rows [j0, j0+nk) as bf16 pairs, *ldk words apart: in place when whole
+ * pairs lie evenly spaced (not paged, D and the row stride even); else copied
+ * into t->k, an odd D with a zero high half. */
+static const uint32_t *fc_fwd_k_pairs(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk,
+                                      int *ldk) {
+    const fc_attn *a = x->a;
+    const int D = (int)a->head_dim;
+    const char *k0 = fc_fwd_kvrow(a, &a->k, t, j0);
+    if (!a->block_table && D % 2 == 0 && a->k.s_seq % 2 == 0 && a->k.s_seq / 2 <= INT32_MAX &&
+        (uintptr_t)k0 % sizeof(uint32_t) == 0) {
+        *ldk = (int)(a->k.s_seq / 2);
+        return (const uint32_t *)k0;
+    }
+    uint32_t *kc = (uint32_t *)t->k;
+    for (int r = 0; r < nk; r++) {
+        uint16_t *dst = (uint16_t *)(kc + (size_t)r * x->plan->ldd);
+        memcpy(dst, fc_fwd_kvrow(a, &a->k, t, j0 + r), (size_t)D * sizeof(uint16_t));
+        if (D & 1) dst[D] = 0;
+    }
+    *ldk = x->plan->ldd;
+    return kc;
+}
+
 /* S^T of keys [j0, j0+nk) with softcap and ALiBi applied, masked where
  * `edge` (some row of the tile does not see every key of the block). */
 static void fc_fwd_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk, int edge) {
@@ -362,20 +414,14 @@ static void fc_fwd_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
     if (t->rows) {
         fc_fwd_scores_rows(x, t, j0, nk);
     } else if (p->dot) {
-        /* bf16 rows are already pairs; an odd D gets a zero high half */
-        int D = (int)a->head_dim;
-        uint32_t *k2 = (uint32_t *)t->k;
-        for (int r = 0; r < nk; r++) {
-            uint16_t *dst = (uint16_t *)(k2 + (size_t)r * p->ldd);
-            memcpy(dst, fc_fwd_kvrow(a, &a->k, t, j0 + r), (size_t)D * sizeof(uint16_t));
-            if (D & 1) dst[D] = 0;
-        }
+        int D = (int)a->head_dim, ldk;
+        const uint32_t *k2 = fc_fwd_k_pairs(x, t, j0, nk, &ldk);
         const uint32_t *qt2 = (const uint32_t *)t->qt;
         for (int r0 = 0; r0 < nk; r0 += strip) {
             int rn = nk - r0 < strip ? nk - r0 : strip, ca = 0, cb = t->nq;
             if (strip < nk) fc_fwd_edge_fill(x, t, j0, r0, rn, &ca, &cb);
             if (cb > ca)
-                x->ops->gemm_bf16_nn(rn, cb - ca, (D + 1) / 2, k2 + (size_t)r0 * p->ldd, p->ldd,
+                x->ops->gemm_bf16_nn(rn, cb - ca, (D + 1) / 2, k2 + (size_t)r0 * ldk, ldk,
                                      qt2 + ca, p->ldq, t->st + (size_t)r0 * p->ldq + ca, p->ldq,
                                      x->qmul, 0);
         }
@@ -447,17 +493,28 @@ static void fc_fwd_probs(const fc_fwd_ctx *x, fc_fwd_tile *t) {
                    (size_t)(a->max_seqlen_k - t->sk) * sizeof(float));
 }
 
-/* Oi += P Vj with bf16 dot products: P^T rounded to bf16 (as FlashAttention-2
- * does on the GPU; l already has the fp32 P) and Vj, both in pairs of keys. */
-static void fc_fwd_pv_dot(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk, int edge) {
+/* Vj's rows [j0, j0+nk) in pairs of keys (rows 2q and 2q+1 in one row of
+ * words, ldd apart), into t->v. */
+static const uint32_t *fc_fwd_v_pairs(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
+                                      int nk) {
     const fc_attn *a = x->a;
-    const fc_fwd_plan *p = x->plan;
     uint32_t *v2 = (uint32_t *)t->v;
     for (int r = 0; r < nk; r += 2) {
         const void *v0 = fc_fwd_kvrow(a, &a->v, t, j0 + r);
         const void *v1 = r + 1 < nk ? fc_fwd_kvrow(a, &a->v, t, j0 + r + 1) : NULL;
         x->ops->pack_pairs(FLASHC_DTYPE_BF16, (int)a->head_dim_v, v0, v1,
-                           v2 + (size_t)(r / 2) * p->ldd);
+                           v2 + (size_t)(r / 2) * x->plan->ldd);
+    }
+    return v2;
+}
+
+/* Oi += P Vj with bf16 dot products: P^T rounded to bf16 (as FlashAttention-2
+ * does on the GPU; l already has the fp32 P) and Vj, both in pairs of keys. */
+static void fc_fwd_pv_dot(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk, int edge) {
+    const fc_attn *a = x->a;
+    const fc_fwd_plan *p = x->plan;
+    const uint32_t *v2 = fc_fwd_v_pairs(x, t, j0, nk);
+    for (int r = 0; r < nk; r += 2) {
         const float *s0 = t->st + (size_t)r * p->ldq;
         x->ops->pack_pairs(FLASHC_DTYPE_FP32, t->nq, s0, r + 1 < nk ? s0 + p->ldq : NULL,
                            t->p2 + (size_t)(r / 2) * p->ldq);
@@ -500,6 +557,42 @@ static void fc_fwd_pv(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int
                             p->ldq, v + (size_t)ra * ldv, ldv, t->o + (size_t)c0 * p->ldd, p->ldd,
                             1);
     }
+}
+
+/* One key block of a tile with the queries down (p->qdown: bf16 on AMX tiles,
+ * no dropout, no attn_probs): S = Qi Kj^T (gemm_bf16_nt: Qi's rows of pairs
+ * against Kj's rows, which the GEMM transposes once per 32 keys for all the
+ * tile's queries), softcap, ALiBi and masks by rows, softmax_rows_bf16 (P
+ * rounded to bf16 as it is written, pairs of keys along each query's row:
+ * AMX's own layout of A), Oi rescaled, then Oi += P Vj (gemm_bf16_nn). Each
+ * operand of a GEMM is read as it lies; S^T's layout would need P transposed. */
+static void fc_fwd_qdown_block(const fc_fwd_ctx *x, fc_fwd_tile *t, int64_t j0, int nk, int edge) {
+    const fc_attn *a = x->a;
+    const fc_fwd_plan *p = x->plan;
+    const fc_simd_ops *ops = x->ops;
+    int ldk;
+    const uint32_t *k2 = fc_fwd_k_pairs(x, t, j0, nk, &ldk);
+    ops->gemm_bf16_nt(t->nq, nk, (int)(a->head_dim + 1) / 2, (const uint32_t *)t->qt, p->ldq2, k2,
+                      ldk, t->st, p->lds, x->qmul, 0);
+    fc_score_mod mod = {
+        .cap = x->sc.cap_log2,
+        .d0 = j0 - t->diag0, /* element (r, c) of a head's rows: query i0 + r, key j0 + c */
+        .dr = -1,
+        .dc = 1,
+        .wl = edge ? a->window_left : -1,
+        .wr = edge ? a->window_right : -1,
+    };
+    for (int g = 0; g < t->nh; g++) {
+        mod.slope = fc_alibi_slope(a, t->b, t->h + g) * x->sc.log2e;
+        if (mod.cap != 0.0f || mod.slope != 0.0f || mod.wl >= 0 || mod.wr >= 0)
+            ops->score_mod(t->nqh, nk, t->st + (size_t)g * t->nqh * p->lds, p->lds, &mod);
+    }
+    ops->softmax_rows_bf16(t->nq, nk, t->st, p->lds, t->m, t->l, t->alpha, t->p2, p->ldp2);
+    for (int c = 0; c < t->nq; c++)
+        if (t->alpha[c] != 1.0f) ops->scale((int)a->head_dim_v, t->o + (size_t)c * p->ldd, t->alpha[c]);
+    const uint32_t *v2 = fc_fwd_v_pairs(x, t, j0, nk);
+    ops->gemm_bf16_nn(t->nq, (int)a->head_dim_v, (nk + 1) / 2, t->p2, p->ldp2, v2, p->ldd, t->o,
+                      p->ldd, 1.0f, 1);
 }
 
 static void fc_fwd_task(void *vctx, int64_t task, int thread) {
@@ -584,6 +677,17 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
             ops->load(a->dtype, D, (const char *)a->q.ptr + off * (int64_t)es,
                       t.qt + (size_t)c * D, x->qmul);
         }
+    } else if (p->qdown) {
+        /* Qi's rows as pairs, unscaled (the GEMM applies qmul) */
+        uint32_t *q2 = (uint32_t *)t.qt;
+        for (int c = 0; c < t.nq; c++) {
+            uint16_t *dst = (uint16_t *)(q2 + (size_t)c * p->ldq2);
+            memcpy(dst,
+                   (const uint16_t *)a->q.ptr + fc_q_row(a, &a->q, t.b, fc_fwd_col_row(&t, c)) +
+                       fc_fwd_col_head(&t, c) * a->q.s_head,
+                   (size_t)D * sizeof(uint16_t));
+            if (D & 1) dst[D] = 0;
+        }
     } else if (p->dot) {
         /* Qi^T in pairs, unscaled (the GEMM applies qmul) */
         uint32_t *qt2 = (uint32_t *)t.qt;
@@ -617,6 +721,10 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
         int64_t j1 = j0 + p->Bc;
         int nk1 = (int)(t.jhi - j1 < p->Bc ? t.jhi - j1 : p->Bc);
         if (nk1 > 0) fc_fwd_prefetch(x, &a->k, D, &t, j1, nk1);
+        if (p->qdown && !t.rows) {
+            fc_fwd_qdown_block(x, &t, j0, nk, edge);
+            continue;
+        }
         fc_fwd_scores(x, &t, j0, nk, edge);
         ops->softmax_cols(nk, t.nq, t.st, ldq, t.m, t.l, t.alpha);
         for (int c = 0; c < t.nq; c++)
