@@ -565,34 +565,59 @@ static void fc_fwd_pv(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int
  * tile's queries), softcap, ALiBi and masks by rows, softmax_rows_bf16 (P
  * rounded to bf16 as it is written, pairs of keys along each query's row:
  * AMX's own layout of A), Oi rescaled, then Oi += P Vj (gemm_bf16_nn). Each
- * operand of a GEMM is read as it lies; S^T's layout would need P transposed. */
+ * operand of a GEMM is read as it lies; S^T's layout would need P transposed.
+ * Without modifiers the softmax applies qmul as it reads S, one pass less.
+ * An edge block of a one-head tile runs by strips of FC_FWD_QSTRIP rows over
+ * the keys they see, rounded out to 32 (whole tiles): a causal diagonal costs
+ * about half a block. */
+enum { FC_FWD_QSTRIP = 32 };
+
 static void fc_fwd_qdown_block(const fc_fwd_ctx *x, fc_fwd_tile *t, int64_t j0, int nk, int edge) {
     const fc_attn *a = x->a;
     const fc_fwd_plan *p = x->plan;
     const fc_simd_ops *ops = x->ops;
+    const int Dv = (int)a->head_dim_v;
     int ldk;
     const uint32_t *k2 = fc_fwd_k_pairs(x, t, j0, nk, &ldk);
-    ops->gemm_bf16_nt(t->nq, nk, (int)(a->head_dim + 1) / 2, (const uint32_t *)t->qt, p->ldq2, k2,
-                      ldk, t->st, p->lds, x->qmul, 0);
-    fc_score_mod mod = {
-        .cap = x->sc.cap_log2,
-        .d0 = j0 - t->diag0, /* element (r, c) of a head's rows: query i0 + r, key j0 + c */
-        .dr = -1,
-        .dc = 1,
-        .wl = edge ? a->window_left : -1,
-        .wr = edge ? a->window_right : -1,
-    };
-    for (int g = 0; g < t->nh; g++) {
-        mod.slope = fc_alibi_slope(a, t->b, t->h + g) * x->sc.log2e;
-        if (mod.cap != 0.0f || mod.slope != 0.0f || mod.wl >= 0 || mod.wr >= 0)
-            ops->score_mod(t->nqh, nk, t->st + (size_t)g * t->nqh * p->lds, p->lds, &mod);
-    }
-    ops->softmax_rows_bf16(t->nq, nk, t->st, p->lds, t->m, t->l, t->alpha, t->p2, p->ldp2);
-    for (int c = 0; c < t->nq; c++)
-        if (t->alpha[c] != 1.0f) ops->scale((int)a->head_dim_v, t->o + (size_t)c * p->ldd, t->alpha[c]);
     const uint32_t *v2 = fc_fwd_v_pairs(x, t, j0, nk);
-    ops->gemm_bf16_nn(t->nq, (int)a->head_dim_v, (nk + 1) / 2, t->p2, p->ldp2, v2, p->ldd, t->o,
-                      p->ldd, 1.0f, 1);
+    const uint32_t *q2 = (const uint32_t *)t->qt;
+    int plain = !edge && x->sc.cap_log2 == 0.0f && !a->alibi && x->qmul > 0.0f;
+    int strip = edge && t->nh == 1 ? FC_FWD_QSTRIP : t->nq;
+    for (int r0 = 0; r0 < t->nq; r0 += strip) {
+        int rn = t->nq - r0 < strip ? t->nq - r0 : strip, ka = 0, kb = nk;
+        if (strip < t->nq) {
+            fc_fwd_keys_seen(a, t, j0, nk, r0, r0 + rn, &ka, &kb);
+            ka = ka / 32 * 32;
+            kb = kb == ka ? ka : (kb + 31) / 32 * 32 < nk ? (kb + 31) / 32 * 32 : nk;
+            if (kb == ka) continue; /* m, l and Oi as they were */
+        }
+        float *st = t->st + (size_t)r0 * p->lds + ka;
+        uint32_t *p2 = t->p2 + (size_t)r0 * p->ldp2 + ka / 2;
+        ops->gemm_bf16_nt(rn, kb - ka, (int)(a->head_dim + 1) / 2, q2 + (size_t)r0 * p->ldq2,
+                          p->ldq2, k2 + (size_t)ka * ldk, ldk, st, p->lds,
+                          plain ? 1.0f : x->qmul, 0);
+        fc_score_mod mod = {
+            .cap = x->sc.cap_log2,
+            /* element (r, c) of a head's rows: query i0 + r0 + r, key j0 + ka + c */
+            .d0 = j0 + ka - t->diag0 - r0,
+            .dr = -1,
+            .dc = 1,
+            .wl = edge ? a->window_left : -1,
+            .wr = edge ? a->window_right : -1,
+        };
+        int nqh = strip < t->nq ? rn : t->nqh;
+        for (int g = 0; g < t->nh; g++) {
+            mod.slope = fc_alibi_slope(a, t->b, t->h + g) * x->sc.log2e;
+            if (mod.cap != 0.0f || mod.slope != 0.0f || mod.wl >= 0 || mod.wr >= 0)
+                ops->score_mod(nqh, kb - ka, st + (size_t)g * nqh * p->lds, p->lds, &mod);
+        }
+        ops->softmax_rows_bf16(rn, kb - ka, st, p->lds, plain ? x->qmul : 1.0f, t->m + r0,
+                               t->l + r0, t->alpha + r0, p2, p->ldp2);
+        for (int c = r0; c < r0 + rn; c++)
+            if (t->alpha[c] != 1.0f) ops->scale(Dv, t->o + (size_t)c * p->ldd, t->alpha[c]);
+        ops->gemm_bf16_nn(rn, Dv, (kb - ka + 1) / 2, p2, p->ldp2, v2 + (size_t)(ka / 2) * p->ldd,
+                          p->ldd, t->o + (size_t)r0 * p->ldd, p->ldd, 1.0f, 1);
+    }
 }
 
 static void fc_fwd_task(void *vctx, int64_t task, int thread) {

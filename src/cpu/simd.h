@@ -88,13 +88,14 @@ typedef struct fc_simd_ops {
      * (fp32 or bf16) interleaved into pairs, fp32 rounded to nearest even
      * (denormals may flush to 0); r1 == NULL gives 0 high halves. */
     void (*pack_pairs)(flashc_dtype dt, int n, const void *r0, const void *r1, uint32_t *dst);
-    /* softmax_cols along the rows of x[M][N] (row r: one query's scores of N
-     * keys, log2 units; m, l, alpha per row, as softmax_cols has them per
-     * column), x left as it is and P written as bf16 into p2: row r at
+    /* softmax_cols along the rows of xs * x[M][N] (row r: one query's scores of
+     * N keys, log2 units, once multiplied by xs > 0; m, l, alpha per row, as
+     * softmax_cols has them per column), x left as it is and P written as
+     * bf16 into p2: row r at
      * p2 + r * ldp holds the N values as pairs of keys (simd.h's pairs, an odd
      * N's last pair with a 0 high half); l sums the fp32 P. NULL where the
      * forward's queries-down layout is not used (fwd.c: the amx table only). */
-    void (*softmax_rows_bf16)(int M, int N, const float *x, int ld, float *m, float *l,
+    void (*softmax_rows_bf16)(int M, int N, const float *x, int ld, float xs, float *m, float *l,
                               float *alpha, uint32_t *p2, int ldp);
 
     /* ---- decode's scores (optional; NULL where the path has none) ----

@@ -375,8 +375,9 @@ static void fc_avx512_softmax_cols(int M, int N, float *x, int ld, float *m, flo
 
 /* softmax_cols' twin along rows, P out as bf16 pairs (simd.h). Masked lanes
  * load -inf, whose exp2 is 0. */
-static void fc_avx512_softmax_rows_bf16(int M, int N, const float *x, int ld, float *m, float *l,
-                                        float *alpha, uint32_t *p2, int ldp) {
+static void fc_avx512_softmax_rows_bf16(int M, int N, const float *x, int ld, float xs, float *m,
+                                        float *l, float *alpha, uint32_t *p2, int ldp) {
+    const __m512 vxs = _mm512_set1_ps(xs);
     const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
     for (int r = 0; r < M; r++) {
         const float *row = x + (size_t)r * ld;
@@ -388,20 +389,20 @@ static void fc_avx512_softmax_rows_bf16(int M, int N, const float *x, int ld, fl
             v1 = _mm512_max_ps(v1, _mm512_loadu_ps(row + c + 16));
         }
         for (; c < N; c += 16) v0 = _mm512_max_ps(v0, _mm512_mask_loadu_ps(ninf, fc_mask(N - c), row + c));
-        float mo = m[r], mx = _mm512_reduce_max_ps(_mm512_max_ps(v0, v1));
+        float mo = m[r], mx = xs * _mm512_reduce_max_ps(_mm512_max_ps(v0, v1));
         mx = mo > mx ? mo : mx;
         __m512 u = _mm512_set1_ps(mx == -__builtin_inff() ? 0.0f : mx);
         __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
         for (c = 0; c + 32 <= N; c += 32) {
-            __m512 e0 = fc_exp2(_mm512_sub_ps(_mm512_loadu_ps(row + c), u));
-            __m512 e1 = fc_exp2(_mm512_sub_ps(_mm512_loadu_ps(row + c + 16), u));
+            __m512 e0 = fc_exp2(_mm512_fmsub_ps(_mm512_loadu_ps(row + c), vxs, u));
+            __m512 e1 = fc_exp2(_mm512_fmsub_ps(_mm512_loadu_ps(row + c + 16), vxs, u));
             s0 = _mm512_add_ps(s0, e0);
             s1 = _mm512_add_ps(s1, e1);
             _mm512_storeu_si512((void *)(out + c), (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
         }
         for (; c < N; c += 16) {
             __mmask16 k = fc_mask(N - c);
-            __m512 e0 = fc_exp2(_mm512_sub_ps(_mm512_mask_loadu_ps(ninf, k, row + c), u));
+            __m512 e0 = fc_exp2(_mm512_fmsub_ps(_mm512_mask_loadu_ps(ninf, k, row + c), vxs, u));
             s0 = _mm512_add_ps(s0, e0);
             _mm256_mask_storeu_epi16(out + c, k, (__m256i)_mm512_cvtneps_pbh(e0));
         }
