@@ -396,6 +396,39 @@ FC_TEST(api_simd) {
     FC_EXPECT_EQ(flashc_simd_active(), orig);
 }
 
+/* A workspace sized under one SIMD path serves every other (fwd.c, bwd.c
+ * reserve the largest layout a CPU's paths use), bf16 included, whose amx
+ * forward has its own tiles. */
+FC_TEST(api_workspace_same_on_every_path) {
+    const flashc_simd orig = flashc_simd_active();
+    const int64_t lens[] = {1, 7, 300};
+    for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
+        ta_prob t;
+        ta_make(&t, lens[i]);
+        size_t fwd0 = 0, bwd0 = 0;
+        int first = 1;
+        for (int s = 0; s < FLASHC_SIMD_COUNT; s++) {
+            if (!flashc_simd_supported((flashc_simd)s)) continue;
+            FC_EXPECT_STATUS(flashc_set_simd((flashc_simd)s), FLASHC_OK);
+            size_t fwd = 0, bwd = 0;
+            FC_EXPECT_STATUS(flashc_fwd_workspace_size(&t.f, &t.p, &fwd), FLASHC_OK);
+            FC_EXPECT_STATUS(flashc_bwd_workspace_size(&t.b, &t.p, &bwd), FLASHC_OK);
+            if (first) {
+                fwd0 = fwd;
+                bwd0 = bwd;
+                first = 0;
+            } else if (fwd != fwd0 || bwd != bwd0) {
+                fc_test_fail(__FILE__, __LINE__,
+                             "S=%lld: path %s needs fwd %zu / bwd %zu bytes, the first path %zu / %zu",
+                             (long long)lens[i], flashc_simd_name((flashc_simd)s), fwd, bwd, fwd0,
+                             bwd0);
+            }
+        }
+        ta_free(&t);
+    }
+    FC_EXPECT_STATUS(flashc_set_simd(orig), FLASHC_OK);
+}
+
 FC_TEST(api_simd_bad) {
     const flashc_simd orig = flashc_simd_active();
     const flashc_simd bad[] = {FLASHC_SIMD_COUNT, (flashc_simd)-1, (flashc_simd)99};

@@ -176,46 +176,54 @@ static int fc_fwd_use_dot(const fc_attn *a, const fc_simd_ops *ops) {
 }
 
 /* Size and carving of the workspace, both from here. The size does not depend
- * on the SIMD path (bf16 problems always reserve the pair buffers). */
+ * on the SIMD path: bf16 problems always reserve the pair buffers of both
+ * layouts, and on a CPU with AMX the larger of the two tables' tiles. */
 static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_plan *p) {
     /* Oi and Vj rows hold Dv, Kj rows D, and Qi rows pass through Oi */
     int64_t dmax = a->head_dim > a->head_dim_v ? a->head_dim : a->head_dim_v;
-    fc_fwd_tiles t = fc_fwd_use_dot(a, ops) && ops->level == FLASHC_SIMD_AMX ? fc_fwd_amx_tiles
-                                                                           : fc_fwd_pick_tiles(dmax);
+    int bf16 = a->dtype == FLASHC_DTYPE_BF16;
+    /* decode (a few query rows) keeps the row path's tiles */
+    int wide = a->max_seqlen_q > FC_FWD_ROW_NQ;
+    int amx = fc_fwd_use_dot(a, ops) && ops->level == FLASHC_SIMD_AMX;
+    fc_fwd_tiles t = amx && wide ? fc_fwd_amx_tiles : fc_fwd_pick_tiles(dmax), r = t;
+    if (bf16 && wide && (flashc_cpu_features() & FLASHC_CPU_AMXBF16)) {
+        fc_fwd_tiles o = amx ? fc_fwd_pick_tiles(dmax) : fc_fwd_amx_tiles;
+        r.Br = o.Br > r.Br ? o.Br : r.Br;
+        r.Bc = o.Bc > r.Bc ? o.Bc : r.Bc;
+    }
     p->Br = t.Br;
     p->Bc = t.Bc;
     p->ldq = (t.Br + 15) / 16 * 16;
     p->ldd = (int)((dmax + 15) / 16 * 16);
     p->dot = fc_fwd_use_dot(a, ops);
-    p->tiles = p->dot && ops->level == FLASHC_SIMD_AMX;
+    p->tiles = amx;
     p->qdown = p->tiles && ops->softmax_rows_bf16 && a->dropout_p == 0.0f && !a->probs;
     p->rows_nq = !ops->dot_rows || !ops->axpy_rows ? 0 : p->dot ? FC_FWD_ROW_NQ_DOT : FC_FWD_ROW_NQ;
     p->ldq2 = (int)((a->head_dim + 1) / 2 + 15) / 16 * 16;
     p->lds = (t.Bc + 15) / 16 * 16;
     p->ldp2 = ((t.Bc + 1) / 2 + 15) / 16 * 16;
-    size_t f = sizeof(float), D = (size_t)a->head_dim, Br = (size_t)t.Br;
-    size_t pairs = (size_t)(t.Bc + 1) / 2;
-    /* bf16 reserves the queries-down buffers too, on every path */
-    int bf16 = a->dtype == FLASHC_DTYPE_BF16;
-    size_t qt = D * p->ldq * f, st = (size_t)t.Bc * p->ldq * f, p2 = bf16 ? pairs * p->ldq * f : 0;
-    if (bf16) {
+    /* the sizes from the reserved tiles r (each at least t's) */
+    size_t f = sizeof(float), D = (size_t)a->head_dim, Br = (size_t)r.Br, Bc = (size_t)r.Bc;
+    size_t ldq = (Br + 15) / 16 * 16, lds = (Bc + 15) / 16 * 16, ldp2 = ((Bc + 1) / 2 + 15) / 16 * 16;
+    size_t qt = D * ldq * f, st = Bc * ldq * f, p2 = bf16 ? (Bc + 1) / 2 * ldq * f : 0;
+    if (bf16) { /* the queries-down layout's */
         qt = qt > Br * p->ldq2 * f ? qt : Br * p->ldq2 * f;
-        st = st > Br * p->lds * f ? st : Br * p->lds * f;
-        p2 = p2 > Br * p->ldp2 * f ? p2 : Br * p->ldp2 * f;
+        st = st > Br * lds * f ? st : Br * lds * f;
+        p2 = p2 > Br * ldp2 * f ? p2 : Br * ldp2 * f;
     }
     size_t sizes[FC_FWD_NBUF] = {
         [FC_FWD_QT] = qt,
-        [FC_FWD_O] = (size_t)t.Br * p->ldd * f,
+        [FC_FWD_O] = Br * p->ldd * f,
         [FC_FWD_ST] = st,
-        [FC_FWD_K] = (size_t)t.Bc * p->ldd * f,
-        [FC_FWD_V] = (size_t)t.Bc * p->ldd * f,
+        [FC_FWD_K] = Bc * p->ldd * f,
+        [FC_FWD_V] = Bc * p->ldd * f,
         [FC_FWD_P2] = p2,
-        [FC_FWD_M] = p->ldq * f,
-        [FC_FWD_L] = p->ldq * f,
-        [FC_FWD_ALPHA] = p->ldq * f,
-        [FC_FWD_LSE2] = p->ldq * f,
-        [FC_FWD_SR] = (size_t)FC_FWD_ROW_NQ * t.Bc * f,
-        [FC_FWD_ROWP] = (size_t)t.Bc * sizeof(const void *),
+        [FC_FWD_M] = ldq * f,
+        [FC_FWD_L] = ldq * f,
+        [FC_FWD_ALPHA] = ldq * f,
+        [FC_FWD_LSE2] = ldq * f,
+        [FC_FWD_SR] = (size_t)FC_FWD_ROW_NQ * Bc * f,
+        [FC_FWD_ROWP] = Bc * sizeof(const void *),
     };
     p->thread_bytes = fc_ws_layout(FC_FWD_NBUF, sizes, p->buf);
     p->nthreads = fc_fwd_work(a) < FC_FWD_INLINE_WORK ? 1 : fc_cpu_num_threads();
