@@ -147,6 +147,7 @@ typedef struct fc_fwd_plan {
     int qdown;               /* S with the queries down (fc_fwd_qdown_block) */
     int ldq2, lds, ldp2;     /* qdown: words of a Qi row, floats of an S row, words of a P row */
     int rows_nq;             /* tiles of at most this many columns: Q K^T by rows */
+    int64_t kvg;             /* kv heads a narrow task may own (fc_fwd_kv_per_task) */
     size_t buf[FC_FWD_NBUF]; /* byte offsets inside one thread's scratch */
     size_t thread_bytes;     /* one thread's scratch, whole cache lines */
     int nthreads;
@@ -227,6 +228,7 @@ static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_pl
     };
     p->thread_bytes = fc_ws_layout(FC_FWD_NBUF, sizes, p->buf);
     p->nthreads = fc_fwd_work(a) < FC_FWD_INLINE_WORK ? 1 : fc_cpu_num_threads();
+    p->kvg = a->batch * a->kv_heads / p->nthreads;
     size_t regions[2] = {(size_t)(a->batch + 1) * sizeof(int64_t),
                          (size_t)p->nthreads * p->thread_bytes};
     size_t offs[2];
@@ -258,6 +260,7 @@ typedef struct fc_fwd_tile {
     int64_t i0;               /* first query row */
     int nq;                   /* columns in the tile: nh heads x nqh rows */
     int nh, nqh;              /* column c: row i0 + c % nqh of head h + c / nqh */
+    int nkv;                  /* kv heads hk .. hk+nkv-1, G heads each (narrow tiles) */
     int rows;                 /* narrow: by rows (dot_rows, axpy_rows), Qi in qt as rows */
     int64_t diag0;            /* i0 + sk - sq: the diagonal of row i0 */
     int64_t jlo, jhi;         /* keys some row sees */
@@ -276,6 +279,28 @@ static inline int64_t fc_fwd_col_row(const fc_fwd_tile *t, int c) { return t->i0
 static int fc_fwd_packs_heads(const fc_attn *a, const fc_fwd_plan *p, int64_t sq) {
     int64_t group = a->heads / a->kv_heads;
     return group > 1 && sq >= 1 && group * sq <= p->Br;
+}
+
+/* How many consecutive kv heads a task of sequence b owns. 1, except for
+ * narrow tiles (decode: each kv head's G * sq columns run by rows): there up
+ * to B * Hk / threads, so that one task reads a key's rows of several heads
+ * (neighbours in a (S, Hk, D) cache) page by page instead of one head's row per
+ * page: a 1-query call over 4k keys and 8 heads, bf16, one thread, went from
+ * 1.6 ms to 1.3 ms (bench/NOTES.md). */
+static int64_t fc_fwd_kv_per_task(const fc_attn *a, const fc_fwd_plan *p, int64_t sq) {
+    int64_t group = a->heads / a->kv_heads;
+    if (sq < 1 || group * sq > p->rows_nq) return 1;
+    int64_t n = p->kvg, cap = p->Br / (group * sq);
+    n = n < cap ? n : cap;
+    n = n < a->kv_heads ? n : a->kv_heads;
+    return n > 1 ? n : 1;
+}
+
+/* Tasks of sequence b (query length sq). */
+static int64_t fc_fwd_tasks_of(const fc_attn *a, const fc_fwd_plan *p, int64_t sq) {
+    int64_t n = fc_fwd_kv_per_task(a, p, sq);
+    if (n > 1 || fc_fwd_packs_heads(a, p, sq)) return (a->kv_heads + n - 1) / n;
+    return (sq + p->Br - 1) / p->Br * a->heads;
 }
 
 /* Key row j of operand v (k or v) of the tile's sequence and KV head, as bytes
@@ -323,8 +348,10 @@ static void fc_fwd_prefetch(const fc_fwd_ctx *x, const fc_view *v, int64_t dim, 
     if (t->rows && v->s_seq == dim && !a->block_table) return;
     if (x->plan->tiles && !t->rows) return;
     size_t es = flashc_dtype_size(a->dtype);
+    fc_fwd_tile g = *t;
     for (int r = 0; r < nk; r++)
-        fc_fwd_prefetch_row(fc_fwd_kvrow(a, v, t, j0 + r), (size_t)dim * es);
+        for (g.hk = t->hk; g.hk < t->hk + t->nkv; g.hk++)
+            fc_fwd_prefetch_row(fc_fwd_kvrow(a, v, &g, j0 + r), (size_t)dim * es);
 }
 
 /* ---- edge blocks: only their visible part ----
@@ -382,12 +409,15 @@ static void fc_fwd_edge_fill(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t 
 static void fc_fwd_scores_rows(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk) {
     const fc_attn *a = x->a;
     const fc_fwd_plan *p = x->plan;
-    for (int r = 0; r < nk; r++) t->rowp[r] = fc_fwd_kvrow(a, &a->k, t, j0 + r);
-    x->ops->dot_rows(a->dtype, nk, (int)a->head_dim, t->rowp, t->qt, (int)a->head_dim, t->nq,
-                     t->sr, p->Bc);
-    for (int r = 0; r < nk; r++)
-        for (int c = 0; c < t->nq; c++)
-            t->st[(size_t)r * p->ldq + c] = t->sr[(size_t)c * p->Bc + r];
+    const int D = (int)a->head_dim, nc = t->nq / t->nkv; /* columns of one kv head */
+    fc_fwd_tile g = *t;
+    for (int c0 = 0; c0 < t->nq; c0 += nc, g.hk++) {
+        for (int r = 0; r < nk; r++) t->rowp[r] = fc_fwd_kvrow(a, &a->k, &g, j0 + r);
+        x->ops->dot_rows(a->dtype, nk, D, t->rowp, t->qt + (size_t)c0 * D, D, nc, t->sr, p->Bc);
+        for (int r = 0; r < nk; r++)
+            for (int c = 0; c < nc; c++)
+                t->st[(size_t)r * p->ldq + c0 + c] = t->sr[(size_t)c * p->Bc + r];
+    }
 }
 
 /* Kj's rows [j0, j0+nk) as bf16 pairs, *ldk words apart: in place when whole
@@ -547,9 +577,14 @@ static void fc_fwd_pv_dot(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
  * FC_FWD_STRIP, and P is 0 where a key is masked. */
 static void fc_fwd_pv_rows(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk) {
     const fc_attn *a = x->a;
-    for (int r = 0; r < nk; r++) t->rowp[r] = fc_fwd_kvrow(a, &a->v, t, j0 + r);
-    x->ops->axpy_rows(a->dtype, nk, (int)a->head_dim_v, t->rowp, t->st, x->plan->ldq, t->nq,
-                      t->o, x->plan->ldd);
+    const fc_fwd_plan *p = x->plan;
+    const int nc = t->nq / t->nkv; /* columns of one kv head */
+    fc_fwd_tile g = *t;
+    for (int c0 = 0; c0 < t->nq; c0 += nc, g.hk++) {
+        for (int r = 0; r < nk; r++) t->rowp[r] = fc_fwd_kvrow(a, &a->v, &g, j0 + r);
+        x->ops->axpy_rows(a->dtype, nk, (int)a->head_dim_v, t->rowp, t->st + c0, p->ldq, nc,
+                          t->o + (size_t)c0 * p->ldd, p->ldd);
+    }
 }
 
 /* Oi += P Vj; an edge block by strips of columns, over the keys they see. */
@@ -650,12 +685,15 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
     t.sq = fc_seqlen_q(a, t.b);
     t.sk = fc_seqlen_k(a, t.b);
     int64_t local = task - x->task0[t.b], group = a->heads / a->kv_heads;
-    if (fc_fwd_packs_heads(a, p, t.sq)) {
-        /* one task per kv head: its G query heads, all rows */
-        t.hk = local;
+    int64_t kvn = fc_fwd_kv_per_task(a, p, t.sq);
+    t.nkv = 1;
+    if (kvn > 1 || fc_fwd_packs_heads(a, p, t.sq)) {
+        /* kvn kv heads (one unless narrow): their G query heads, all rows */
+        t.hk = local * kvn;
+        t.nkv = (int)(a->kv_heads - t.hk < kvn ? a->kv_heads - t.hk : kvn);
         t.h = t.hk * group;
         t.i0 = 0;
-        t.nh = (int)group;
+        t.nh = (int)group * t.nkv;
         t.nqh = (int)t.sq;
     } else {
         /* within b: head by head, so that consecutive tasks share Kj, Vj in
@@ -669,7 +707,7 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
         t.nqh = (int)(t.sq - t.i0 < p->Br ? t.sq - t.i0 : p->Br);
     }
     t.nq = t.nh * t.nqh;
-    t.rows = t.nq <= p->rows_nq;
+    t.rows = t.nq / t.nkv <= p->rows_nq;
     t.diag0 = FC_WINDOW_DIAG(t.i0, t.sq, t.sk);
     /* visible ranges are non-decreasing in the row: the tile's rows see at most
      * [lo(first), hi(last)) and all see [lo(last), hi(first)) */
@@ -822,8 +860,7 @@ flashc_status fc_cpu_fwd(const fc_attn *a, void *ws, size_t ws_bytes) {
     task0[0] = 0;
     for (int64_t b = 0; b < a->batch; b++) {
         int64_t sq = fc_seqlen_q(a, b);
-        task0[b + 1] = task0[b] + (fc_fwd_packs_heads(a, &p, sq) ? a->kv_heads
-                                                                 : (sq + p.Br - 1) / p.Br * a->heads);
+        task0[b + 1] = task0[b] + fc_fwd_tasks_of(a, &p, sq);
     }
 
     fc_fwd_ctx x = {
