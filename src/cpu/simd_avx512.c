@@ -667,43 +667,31 @@ static inline __m512 fc_widen16(flashc_dtype dt, const void *p, int d, __mmask16
     default: break;                                                                                \
     }
 
-/* R rows of K at once against the NQ columns: R x NQ independent chains of
- * FMAs (one row alone is a chain of D/16 dependent FMAs, 4 cycles each, and
- * its sum's reduction after it). */
-static inline __attribute__((always_inline)) void
-fc_dot_rows_r(const int R, const int NQ, flashc_dtype dt, int D, const void *const *krows,
-              const float *q, int ldq, float *s, int lds, __mmask16 tail) {
-    __m512 acc[4][8];
-#pragma GCC unroll 4
-    for (int i = 0; i < R; i++)
-#pragma GCC unroll 8
-        for (int c = 0; c < NQ; c++) acc[i][c] = _mm512_setzero_ps();
-    for (int d = 0; d < D; d += 16) {
-        __mmask16 m = d + 16 <= D ? (__mmask16)0xffff : tail;
-        __m512 qv[8];
-#pragma GCC unroll 8
-        for (int c = 0; c < NQ; c++) qv[c] = _mm512_maskz_loadu_ps(m, q + (size_t)c * ldq + d);
-#pragma GCC unroll 4
-        for (int i = 0; i < R; i++) {
-            __m512 k = fc_widen16(dt, krows[i], d, m);
-#pragma GCC unroll 8
-            for (int c = 0; c < NQ; c++) acc[i][c] = _mm512_fmadd_ps(qv[c], k, acc[i][c]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < R; i++)
-#pragma GCC unroll 8
-        for (int c = 0; c < NQ; c++) s[(size_t)c * lds + i] = _mm512_reduce_add_ps(acc[i][c]);
-}
-
 static inline __attribute__((always_inline)) void
 fc_dot_rows_nq(const int NQ, flashc_dtype dt, int nk, int D, const void *const *krows,
                const float *q, int ldq, float *s, int lds) {
-    const __mmask16 tail = fc_mask(D & 15 ? D & 15 : 16);
-    const int R = NQ <= 2 ? 4 : NQ <= 4 ? 2 : 1;
-    int r = 0;
-    for (; r + R <= nk; r += R) fc_dot_rows_r(R, NQ, dt, D, krows + r, q, ldq, s + r, lds, tail);
-    for (; r < nk; r++) fc_dot_rows_r(1, NQ, dt, D, krows + r, q, ldq, s + r, lds, tail);
+    const __mmask16 tail = (__mmask16)((1u << (D & 15)) - 1u);
+    for (int r = 0; r < nk; r++) {
+        __m512 acc[8];
+#pragma GCC unroll 8
+        for (int c = 0; c < NQ; c++) acc[c] = _mm512_setzero_ps();
+        int d = 0;
+        for (; d + 16 <= D; d += 16) {
+            __m512 k = fc_widen16(dt, krows[r], d, (__mmask16)0xffff);
+#pragma GCC unroll 8
+            for (int c = 0; c < NQ; c++)
+                acc[c] = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)c * ldq + d), k, acc[c]);
+        }
+        if (d < D) {
+            __m512 k = fc_widen16(dt, krows[r], d, tail);
+#pragma GCC unroll 8
+            for (int c = 0; c < NQ; c++)
+                acc[c] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q + (size_t)c * ldq + d), k,
+                                         acc[c]);
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < NQ; c++) s[(size_t)c * lds + r] = _mm512_reduce_add_ps(acc[c]);
+    }
 }
 
 static void fc_avx512_dot_rows(flashc_dtype dt, int nk, int D, const void *const *krows,
