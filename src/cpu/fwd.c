@@ -36,7 +36,10 @@
  * run on bf16 pairs (simd.h), twice the fp32 rate. Qi^T and Kj are the inputs
  * as they are; P is rounded to bf16 for P Vj, as FlashAttention-2 does on the
  * GPU, while l sums the fp32 P; the factor of the scores is applied to the fp32
- * product.
+ * product. On the amx path (AMX tiles) the tile turns over: S = Qi Kj^T with
+ * the queries down (fc_fwd_qdown_block), so that Qi's rows, Kj's rows and the
+ * bf16 P the row softmax writes are each a GEMM operand as they lie; only
+ * dropout and attn_probs keep S^T (their per-column ops).
  *
  * Masks (common/window.h, through fc_key_range and score_mod): blocks no row of
  * the tile sees are skipped; blocks every row sees
@@ -50,7 +53,9 @@
  * tile is row c % Sq of head h0 + c / Sq. Kj, Vj are then read and converted
  * once for the G heads, and the GEMMs see G * Sq columns instead of Sq (a
  * single decode row leaves a micro-kernel's columns nearly empty). Masks,
- * ALiBi and dropout run per head on its Sq columns.
+ * ALiBi and dropout run per head on its Sq columns. A narrow tile (by rows)
+ * may own several consecutive kv heads the same way (fc_fwd_kv_per_task), the
+ * row ops running kv head by kv head on their columns.
  *
  * Not here: vector code (simd_*.c), argument checks (prepare.c), the KV append and
  * rotary of the decode entry (kvcache.c), split-KV.
