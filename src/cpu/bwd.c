@@ -83,12 +83,19 @@ typedef struct fc_bwd_tile_size {
 
 /* At most FC_BWD_BR_MAX x FC_BWD_BC_MAX (the sub-block tables of a tile), Br even
  * (pairs of rows of the bf16 products start on an even row). */
-enum { FC_BWD_BR_MAX = 64, FC_BWD_BC_MAX = 128 };
+enum { FC_BWD_BR_MAX = 128, FC_BWD_BC_MAX = 128 };
 static const fc_bwd_tile_size fc_bwd_tile_table[] = {
     {64, 64, 128},
     {128, 64, 128},
     {INT64_MAX, 64, 64},
 };
+/* bf16 on AMX tiles (the amx path): each product's operand copies (B^T of the
+ * nt products, A^T of the tn ones, fc_amx_gemm) serve more of the tile at
+ * 128 x 128. Measured on the 2-core Sapphire Rapids VM (2 MB L2 a core), S =
+ * 2k, one thread, D 64/128/256 against the table's tiles: non-causal 0.98,
+ * 0.98, 0.89x the time, causal 0.98, 0.98, 0.82x; 128 x 256 was 0.89-0.91x
+ * without a mask but 1.05-1.07x with a causal one at D <= 128 (bench/NOTES.md). */
+static const fc_bwd_tile_size fc_bwd_amx_tiles = {INT64_MAX, 128, 128};
 
 /* ---- plan: schedule and workspace layout ---- */
 /* Regions of one thread's scratch (sizes 0 where the schedule needs none). */
@@ -163,8 +170,19 @@ static size_t fc_bwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_bwd_
     int t = 0;
     int64_t dmax = a->head_dim > a->head_dim_v ? a->head_dim : a->head_dim_v;
     while (dmax > fc_bwd_tile_table[t].max_d) t++;
-    pl->br = fc_bwd_tile_table[t].br;
-    pl->bc = fc_bwd_tile_table[t].bc;
+    pl->dot = fc_bwd_use_dot(a, ops);
+    bool amx = pl->dot && ops->level == FLASHC_SIMD_AMX;
+    fc_bwd_tile_size tile = amx ? fc_bwd_amx_tiles : fc_bwd_tile_table[t];
+    pl->br = tile.br;
+    pl->bc = tile.bc;
+    /* the sizes below reserve, on a CPU with AMX, the larger of both tiles for
+     * bf16, so that the workspace is the same on every path */
+    int rbr = pl->br, rbc = pl->bc;
+    if (a->dtype == FLASHC_DTYPE_BF16 && (flashc_cpu_features() & FLASHC_CPU_AMXBF16)) {
+        fc_bwd_tile_size o = amx ? fc_bwd_tile_table[t] : fc_bwd_amx_tiles;
+        rbr = o.br > rbr ? o.br : rbr;
+        rbc = o.bc > rbc ? o.bc : rbc;
+    }
     pl->d = a->head_dim;
     pl->dv = a->head_dim_v;
     pl->group = a->kv_heads > 0 ? a->heads / a->kv_heads : 1;
@@ -172,10 +190,9 @@ static size_t fc_bwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_bwd_
     pl->sk = fc_bwd_longest(a, true);
     pl->threads = fc_cpu_num_threads();
     pl->fused = fc_bwd_use_fused(a, pl->threads);
-    pl->dot = fc_bwd_use_dot(a, ops);
 
     size_t f = sizeof(float), d = (size_t)pl->d, dv = (size_t)pl->dv;
-    size_t br = (size_t)pl->br, bc = (size_t)pl->bc;
+    size_t br = (size_t)rbr, bc = (size_t)rbc;
     size_t rows_q = pl->fused ? (size_t)pl->sq : br, rows_k = pl->fused ? (size_t)pl->sk : bc;
     /* bf16 pairs (uint32): along D and Dv, and of rows */
     size_t u = a->dtype == FLASHC_DTYPE_BF16 ? sizeof(uint32_t) : 0;
