@@ -93,7 +93,7 @@ static const fc_bwd_tile_size fc_bwd_tile_table[] = {
  * nt products, A^T of the tn ones, fc_amx_gemm) serve more of the tile at
  * 128 x 128. Measured on the 2-core Sapphire Rapids VM (2 MB L2 a core), S =
  * 2k, one thread, D 64/128/256 against the table's tiles: non-causal 0.98,
- * 0.98, 0.89x the time, causal 0.98, 0.98, 0.82x; 128 x 256 was 0.89-0.91x
+ * 0.98, 0.89x the time, causal 0.98, 0.98, 0.89x; 128 x 256 was 0.84-0.92x
  * without a mask but 1.05-1.07x with a causal one at D <= 128 (bench/NOTES.md). */
 static const fc_bwd_tile_size fc_bwd_amx_tiles = {INT64_MAX, 128, 128};
 
