@@ -373,44 +373,70 @@ static void fc_avx512_softmax_cols(int M, int N, float *x, int ld, float *m, flo
     }
 }
 
-/* softmax_cols' twin along rows, P out as bf16 pairs (simd.h). Masked lanes
- * load -inf, whose exp2 is 0. */
+/* exp2(x) for x <= 0 (give or take a rounding) or NaN: fc_exp2 without the
+ * upper clamp. */
+static inline __m512 fc_exp2_neg(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(FC_EXP2_LO), x); /* NaN stays */
+    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(fc_exp2_c[6]);
+    for (int k = 5; k >= 0; k--) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(fc_exp2_c[k]));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* softmax_cols' twin along rows, P out as bf16 pairs (simd.h). By groups of
+ * 64 rows: first every row's maximum, then every row's exponentials (the rows'
+ * reductions then overlap: 0.20 against 0.25 ns an element, row by row).
+ * Masked lanes load -inf, whose exp2 is 0. */
+enum { FC_SOFTMAX_ROWS = 64 };
+
 static void fc_avx512_softmax_rows_bf16(int M, int N, const float *x, int ld, float xs, float *m,
                                         float *l, float *alpha, uint32_t *p2, int ldp) {
-    const __m512 vxs = _mm512_set1_ps(xs);
-    const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
-    for (int r = 0; r < M; r++) {
-        const float *row = x + (size_t)r * ld;
-        uint16_t *out = (uint16_t *)(p2 + (size_t)r * ldp);
-        __m512 v0 = ninf, v1 = ninf;
-        int c = 0;
-        for (; c + 32 <= N; c += 32) {
-            v0 = _mm512_max_ps(v0, _mm512_loadu_ps(row + c));
-            v1 = _mm512_max_ps(v1, _mm512_loadu_ps(row + c + 16));
+    const __m512 ninf = _mm512_set1_ps(-__builtin_inff()), vxs = _mm512_set1_ps(xs);
+    float top[FC_SOFTMAX_ROWS];
+    for (int r0 = 0; r0 < M; r0 += FC_SOFTMAX_ROWS) {
+        int rn = M - r0 < FC_SOFTMAX_ROWS ? M - r0 : FC_SOFTMAX_ROWS;
+        for (int i = 0; i < rn; i++) {
+            const float *row = x + (size_t)(r0 + i) * ld;
+            __m512 v0 = ninf, v1 = ninf;
+            int c = 0;
+            for (; c + 32 <= N; c += 32) {
+                v0 = _mm512_max_ps(v0, _mm512_loadu_ps(row + c));
+                v1 = _mm512_max_ps(v1, _mm512_loadu_ps(row + c + 16));
+            }
+            for (; c < N; c += 16)
+                v0 = _mm512_max_ps(v0, _mm512_mask_loadu_ps(ninf, fc_mask(N - c), row + c));
+            top[i] = _mm512_reduce_max_ps(_mm512_max_ps(v0, v1));
         }
-        for (; c < N; c += 16) v0 = _mm512_max_ps(v0, _mm512_mask_loadu_ps(ninf, fc_mask(N - c), row + c));
-        float mo = m[r], mx = xs * _mm512_reduce_max_ps(_mm512_max_ps(v0, v1));
-        mx = mo > mx ? mo : mx;
-        __m512 u = _mm512_set1_ps(mx == -__builtin_inff() ? 0.0f : mx);
-        __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-        for (c = 0; c + 32 <= N; c += 32) {
-            __m512 e0 = fc_exp2(_mm512_fmsub_ps(_mm512_loadu_ps(row + c), vxs, u));
-            __m512 e1 = fc_exp2(_mm512_fmsub_ps(_mm512_loadu_ps(row + c + 16), vxs, u));
-            s0 = _mm512_add_ps(s0, e0);
-            s1 = _mm512_add_ps(s1, e1);
-            _mm512_storeu_si512((void *)(out + c), (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+        for (int i = 0; i < rn; i++) {
+            int r = r0 + i;
+            const float *row = x + (size_t)r * ld;
+            uint16_t *out = (uint16_t *)(p2 + (size_t)r * ldp);
+            float mo = m[r], mx = xs * top[i];
+            mx = mo > mx ? mo : mx;
+            __m512 u = _mm512_set1_ps(mx == -__builtin_inff() ? 0.0f : mx);
+            __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+            int c = 0;
+            for (; c + 32 <= N; c += 32) {
+                __m512 e0 = fc_exp2_neg(_mm512_fmsub_ps(_mm512_loadu_ps(row + c), vxs, u));
+                __m512 e1 = fc_exp2_neg(_mm512_fmsub_ps(_mm512_loadu_ps(row + c + 16), vxs, u));
+                s0 = _mm512_add_ps(s0, e0);
+                s1 = _mm512_add_ps(s1, e1);
+                _mm512_storeu_si512((void *)(out + c), (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+            }
+            for (; c < N; c += 16) {
+                __mmask16 k = fc_mask(N - c);
+                __m512 e0 =
+                    fc_exp2_neg(_mm512_fmsub_ps(_mm512_mask_loadu_ps(ninf, k, row + c), vxs, u));
+                s0 = _mm512_add_ps(s0, e0);
+                _mm256_mask_storeu_epi16(out + c, k, (__m256i)_mm512_cvtneps_pbh(e0));
+            }
+            if (N & 1) out[N] = 0;
+            float a = _mm512_cvtss_f32(fc_exp2_neg(_mm512_sub_ps(_mm512_set1_ps(mo), u)));
+            alpha[r] = a;
+            l[r] = a * l[r] + _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+            m[r] = mx;
         }
-        for (; c < N; c += 16) {
-            __mmask16 k = fc_mask(N - c);
-            __m512 e0 = fc_exp2(_mm512_fmsub_ps(_mm512_mask_loadu_ps(ninf, k, row + c), vxs, u));
-            s0 = _mm512_add_ps(s0, e0);
-            _mm256_mask_storeu_epi16(out + c, k, (__m256i)_mm512_cvtneps_pbh(e0));
-        }
-        if (N & 1) out[N] = 0;
-        float a = _mm512_cvtss_f32(fc_exp2(_mm512_sub_ps(_mm512_set1_ps(mo), u)));
-        alpha[r] = a;
-        l[r] = a * l[r] + _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-        m[r] = mx;
     }
 }
 
