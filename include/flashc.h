@@ -528,7 +528,11 @@ FLASHC_API flashc_status flashc_set_simd(flashc_simd s);
  * needs Linux to grant the process that state (arch_prctl ARCH_REQ_XCOMP_PERM):
  * flashc asks the first time it considers the path (flashc_simd_supported(
  * FLASHC_SIMD_AMX), hence the default choice unless FLASHC_SIMD names another
- * path); where that is refused, the path is unsupported and avx512 is used. */
+ * path); where that is refused, the path is unsupported and avx512 is used.
+ * Once granted, the whole process has the larger signal frames of the tile
+ * state (about 11 KB), so a later sigaltstack() with a smaller stack fails; a
+ * program that needs small signal stacks sets FLASHC_SIMD=avx512 (or calls
+ * flashc_set_simd before any other flashc call), and flashc never asks. */
 #define FLASHC_CPU_AMXBF16 (1u << 9)
 FLASHC_API unsigned flashc_cpu_features(void);
 

@@ -138,6 +138,29 @@ static void fwd_body(const fwd_case *c, th_arena *ar) {
     th_check_outside("out", ob, &a.out, 1);
     if (c->lse) th_check_outside("softmax_lse", lb, &a.softmax_lse, 1);
     if (c->probs) th_check_outside("attn_probs", pb, &a.attn_probs, 1);
+    if (c->probs) {
+        /* attn_probs is a pass of its own: out and lse are, bit for bit, those
+         * of the same call without it (every layout a path picks included) */
+        double *out1 = (double *)th_keep(ar, th_to_double(&a.out));
+        double *lse1 = c->lse ? (double *)th_keep(ar, th_to_double(&a.softmax_lse)) : NULL;
+        flashc_fwd_args a2 = a;
+        a2.attn_probs = (flashc_tensor){0};
+        a2.out = th_new_out(th_buf_in(ar), dt, 4, os, lay);
+        if (c->lse)
+            a2.softmax_lse =
+                th_new_out(th_buf_in(ar), FLASHC_DTYPE_FP32, 3, (int64_t[]){B, H, Sq}, lay_small);
+        FC_ASSERT_OK(flashc_fwd_workspace_size(&a2, &p, &bytes));
+        ws = th_ws_new(bytes);
+        s = flashc_fwd(&a2, &p, ws, bytes);
+        th_ws_free(ws, bytes);
+        FC_ASSERT_OK(s);
+        double *out2 = (double *)th_keep(ar, th_to_double(&a2.out));
+        if (memcmp(out1, out2, (size_t)nq * sizeof(double)) != 0)
+            fc_test_fail(__FILE__, __LINE__, "out differs from the same call without attn_probs");
+        if (c->lse &&
+            memcmp(lse1, th_keep(ar, th_to_double(&a2.softmax_lse)), (size_t)nl * sizeof(double)))
+            fc_test_fail(__FILE__, __LINE__, "lse differs from the same call without attn_probs");
+    }
     th_check_outside("q", qb, NULL, 0);
     if (kb != qb) th_check_outside("k", kb, NULL, 0);
     if (vb != kb) th_check_outside("v", vb, NULL, 0);

@@ -178,7 +178,7 @@ static size_t fc_bwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_bwd_
     /* the sizes below reserve, on a CPU with AMX, the larger of both tiles for
      * bf16, so that the workspace is the same on every path */
     int rbr = pl->br, rbc = pl->bc;
-    if (a->dtype == FLASHC_DTYPE_BF16 && (flashc_cpu_features() & FLASHC_CPU_AMXBF16)) {
+    if (a->dtype == FLASHC_DTYPE_BF16 && fc_simd_amx_possible()) {
         fc_bwd_tile_size o = amx ? fc_bwd_tile_table[t] : fc_bwd_amx_tiles;
         rbr = o.br > rbr ? o.br : rbr;
         rbc = o.bc > rbc ? o.bc : rbc;

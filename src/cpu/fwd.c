@@ -39,7 +39,8 @@
  * product. On the amx path (AMX tiles) the tile turns over: S = Qi Kj^T with
  * the queries down (fc_fwd_qdown_block), so that Qi's rows, Kj's rows and the
  * bf16 P the row softmax writes are each a GEMM operand as they lie; only
- * dropout and attn_probs keep S^T (their per-column ops).
+ * dropout keeps S^T (its per-column op); attn_probs, a second pass, takes
+ * the layout its call's blocks took, so that out and lse do not depend on it.
  *
  * Masks (common/window.h, through fc_key_range and score_mod): blocks no row of
  * the tile sees are skipped; blocks every row sees
@@ -126,14 +127,15 @@ static fc_fwd_tiles fc_fwd_pick_tiles(int64_t D) {
 
 /* ---- workspace ---- */
 /* One thread's scratch, fp32 unless said (pairs: uint32 bf16 pairs, see
- * simd.h; only the bf16 dot-product path uses them): */
+ * simd.h; only the bf16 dot-product path uses them; qdown: the queries-down
+ * layout of the amx path): */
 enum {
-    FC_FWD_QT,    /* (D, ldq)   Qi^T, scaled; pairs: (D/2, ldq) unscaled */
+    FC_FWD_QT,    /* (D, ldq)   Qi^T, scaled; pairs: (D/2, ldq) unscaled; qdown: (Br, ldq2) Qi's rows of pairs */
     FC_FWD_O,     /* (Br, ldd)  Oi, unnormalised */
-    FC_FWD_ST,    /* (Bc, ldq)  S^T, then P^T */
-    FC_FWD_K,     /* (Bc, ldd)  Kj; pairs: (Bc, ldd) rows of D/2 pairs */
+    FC_FWD_ST,    /* (Bc, ldq)  S^T, then P^T; qdown: (Br, lds) S */
+    FC_FWD_K,     /* (Bc, ldd)  Kj; pairs: (Bc, ldd) rows of D/2 pairs (when not read in place) */
     FC_FWD_V,     /* (Bc, ldd)  Vj; pairs: (Bc/2, ldd), rows 2q and 2q+1 */
-    FC_FWD_P2,    /* pairs: (Bc/2, ldq) P^T, rows 2q and 2q+1 in bf16 */
+    FC_FWD_P2,    /* pairs: (Bc/2, ldq) P^T, rows 2q and 2q+1 in bf16; qdown: (Br, ldp2) P's rows */
     FC_FWD_M,     /* (ldq)      running max, log2 units */
     FC_FWD_L,     /* (ldq)      running sum */
     FC_FWD_ALPHA, /* (ldq)      exp2(m_old - m_new) of the last block */
@@ -188,11 +190,12 @@ static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_pl
     /* Oi and Vj rows hold Dv, Kj rows D, and Qi rows pass through Oi */
     int64_t dmax = a->head_dim > a->head_dim_v ? a->head_dim : a->head_dim_v;
     int bf16 = a->dtype == FLASHC_DTYPE_BF16;
-    /* decode (a few query rows) keeps the row path's tiles */
+    /* up to FC_FWD_ROW_NQ query rows (decode) keep the default tiles, the row
+     * path's (and, past FC_FWD_ROW_NQ_DOT rows, a short queries-down tile's) */
     int wide = a->max_seqlen_q > FC_FWD_ROW_NQ;
     int amx = fc_fwd_use_dot(a, ops) && ops->level == FLASHC_SIMD_AMX;
     fc_fwd_tiles t = amx && wide ? fc_fwd_amx_tiles : fc_fwd_pick_tiles(dmax), r = t;
-    if (bf16 && wide && (flashc_cpu_features() & FLASHC_CPU_AMXBF16)) {
+    if (bf16 && wide && fc_simd_amx_possible()) {
         fc_fwd_tiles o = amx ? fc_fwd_pick_tiles(dmax) : fc_fwd_amx_tiles;
         r.Br = o.Br > r.Br ? o.Br : r.Br;
         r.Bc = o.Bc > r.Bc ? o.Bc : r.Bc;
@@ -203,7 +206,7 @@ static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_pl
     p->ldd = (int)((dmax + 15) / 16 * 16);
     p->dot = fc_fwd_use_dot(a, ops);
     p->tiles = amx;
-    p->qdown = p->tiles && ops->softmax_rows_bf16 && a->dropout_p == 0.0f && !a->probs;
+    p->qdown = p->tiles && ops->softmax_rows_bf16 && a->dropout_p == 0.0f;
     p->rows_nq = !ops->dot_rows || !ops->axpy_rows ? 0 : p->dot ? FC_FWD_ROW_NQ_DOT : FC_FWD_ROW_NQ;
     p->ldq2 = (int)((a->head_dim + 1) / 2 + 15) / 16 * 16;
     p->lds = (t.Bc + 15) / 16 * 16;
@@ -494,6 +497,39 @@ static void fc_fwd_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
     }
 }
 
+/* S with the queries down (p->qdown) of the tile's rows [r0, r0+rn) and keys
+ * [ka, kb) of block j0, at t->st + r0 * lds + ka: Qi Kj^T on tiles (gemm_bf16_nt:
+ * Qi's rows of pairs against Kj's rows k2, which the GEMM transposes once per
+ * 32 keys for all the rows), times qmul unless `plain` (the softmax applies it
+ * then, one pass less), with softcap, ALiBi and, on an edge block, the masks.
+ * Rows [r0, r0+rn) short of the tile are a strip of a one-head tile. */
+static float *fc_fwd_qdown_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
+                                  const uint32_t *k2, int ldk, int r0, int rn, int ka, int kb,
+                                  int edge, int plain) {
+    const fc_attn *a = x->a;
+    const fc_fwd_plan *p = x->plan;
+    float *st = t->st + (size_t)r0 * p->lds + ka;
+    x->ops->gemm_bf16_nt(rn, kb - ka, (int)(a->head_dim + 1) / 2,
+                         (const uint32_t *)t->qt + (size_t)r0 * p->ldq2, p->ldq2,
+                         k2 + (size_t)ka * ldk, ldk, st, p->lds, plain ? 1.0f : x->qmul, 0);
+    fc_score_mod mod = {
+        .cap = x->sc.cap_log2,
+        /* element (r, c) of a head's rows: query i0 + r0 + r, key j0 + ka + c */
+        .d0 = j0 + ka - t->diag0 - r0,
+        .dr = -1,
+        .dc = 1,
+        .wl = edge ? a->window_left : -1,
+        .wr = edge ? a->window_right : -1,
+    };
+    int nqh = rn < t->nq ? rn : t->nqh;
+    for (int g = 0; g < t->nh; g++) {
+        mod.slope = fc_alibi_slope(a, t->b, t->h + g) * x->sc.log2e;
+        if (mod.cap != 0.0f || mod.slope != 0.0f || mod.wl >= 0 || mod.wr >= 0)
+            x->ops->score_mod(nqh, kb - ka, st + (size_t)g * nqh * p->lds, p->lds, &mod);
+    }
+    return st;
+}
+
 /* Column c of the tile in attn_probs. */
 static float *fc_fwd_probs_row(const fc_attn *a, const fc_fwd_tile *t, int c) {
     return a->probs + t->b * a->probs_s_batch + fc_fwd_col_head(t, c) * a->probs_s_head +
@@ -512,14 +548,23 @@ static void fc_fwd_probs(const fc_fwd_ctx *x, fc_fwd_tile *t) {
                 memset(fc_fwd_probs_row(a, t, c) + j0, 0, (size_t)nk * sizeof(float));
             continue;
         }
-        fc_fwd_scores(x, t, j0, nk, 1);
+        /* S in the layout the tile's blocks used, scaled in the GEMM */
+        size_t rs = p->ldq, cs = 1; /* S^T: element (key r, column c) at r * rs + c * cs */
+        if (p->qdown && !t->rows) {
+            int ldk;
+            const uint32_t *k2 = fc_fwd_k_pairs(x, t, j0, nk, &ldk);
+            fc_fwd_qdown_scores(x, t, j0, k2, ldk, 0, t->nq, 0, nk, 1, 0);
+            rs = 1;
+            cs = p->lds;
+        } else {
+            fc_fwd_scores(x, t, j0, nk, 1);
+        }
         for (int r = 0; r < nk; r++) {
-            const float *s = t->st + (size_t)r * p->ldq;
             int64_t j = j0 + r;
             for (int c = 0; c < t->nq; c++) {
-                float pr = 0.0f;
-                if (s[c] != -INFINITY && t->lse2[c] != -INFINITY) {
-                    pr = exp2f(s[c] - t->lse2[c]);
+                float sv = t->st[r * rs + c * cs], pr = 0.0f;
+                if (sv != -INFINITY && t->lse2[c] != -INFINITY) {
+                    pr = exp2f(sv - t->lse2[c]);
                     uint32_t bh = (uint32_t)(t->b * a->heads + fc_fwd_col_head(t, c));
                     if (a->dropout_p > 0.0f &&
                         !fc_dropout_keep(a->seed, a->offset, bh, (uint32_t)fc_fwd_col_row(t, c),
@@ -608,16 +653,12 @@ static void fc_fwd_pv(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int
 }
 
 /* One key block of a tile with the queries down (p->qdown: bf16 on AMX tiles,
- * no dropout, no attn_probs): S = Qi Kj^T (gemm_bf16_nt: Qi's rows of pairs
- * against Kj's rows, which the GEMM transposes once per 32 keys for all the
- * tile's queries), softcap, ALiBi and masks by rows, softmax_rows_bf16 (P
- * rounded to bf16 as it is written, pairs of keys along each query's row:
- * AMX's own layout of A), Oi rescaled, then Oi += P Vj (gemm_bf16_nn). Each
- * operand of a GEMM is read as it lies; S^T's layout would need P transposed.
- * Without modifiers the softmax applies qmul as it reads S, one pass less.
- * An edge block of a one-head tile runs by strips of FC_FWD_QSTRIP rows over
- * the keys they see, rounded out to 32 (whole tiles): a causal diagonal costs
- * about half a block. */
+ * no dropout): S by fc_fwd_qdown_scores, softmax_rows_bf16 (P rounded to bf16
+ * as it is written, pairs of keys along each query's row: AMX's own layout of
+ * A), Oi rescaled, then Oi += P Vj (gemm_bf16_nn). Each operand of a GEMM is
+ * read as it lies; S^T's layout would need P transposed. An edge block of a
+ * one-head tile runs by strips of FC_FWD_QSTRIP rows over the keys they see,
+ * rounded out to 32 (whole tiles): a causal diagonal costs about half a block. */
 enum { FC_FWD_QSTRIP = 32 };
 
 static void fc_fwd_qdown_block(const fc_fwd_ctx *x, fc_fwd_tile *t, int64_t j0, int nk, int edge) {
@@ -628,37 +669,18 @@ static void fc_fwd_qdown_block(const fc_fwd_ctx *x, fc_fwd_tile *t, int64_t j0, 
     int ldk;
     const uint32_t *k2 = fc_fwd_k_pairs(x, t, j0, nk, &ldk);
     const uint32_t *v2 = fc_fwd_v_pairs(x, t, j0, nk);
-    const uint32_t *q2 = (const uint32_t *)t->qt;
     int plain = !edge && x->sc.cap_log2 == 0.0f && !a->alibi && x->qmul > 0.0f;
     int strip = edge && t->nh == 1 ? FC_FWD_QSTRIP : t->nq;
     for (int r0 = 0; r0 < t->nq; r0 += strip) {
         int rn = t->nq - r0 < strip ? t->nq - r0 : strip, ka = 0, kb = nk;
         if (strip < t->nq) {
             fc_fwd_keys_seen(a, t, j0, nk, r0, r0 + rn, &ka, &kb);
-            ka = ka / 32 * 32;
-            kb = kb == ka ? ka : (kb + 31) / 32 * 32 < nk ? (kb + 31) / 32 * 32 : nk;
             if (kb == ka) continue; /* m, l and Oi as they were */
+            ka = ka / 32 * 32;
+            kb = (kb + 31) / 32 * 32 < nk ? (kb + 31) / 32 * 32 : nk;
         }
-        float *st = t->st + (size_t)r0 * p->lds + ka;
+        float *st = fc_fwd_qdown_scores(x, t, j0, k2, ldk, r0, rn, ka, kb, edge, plain);
         uint32_t *p2 = t->p2 + (size_t)r0 * p->ldp2 + ka / 2;
-        ops->gemm_bf16_nt(rn, kb - ka, (int)(a->head_dim + 1) / 2, q2 + (size_t)r0 * p->ldq2,
-                          p->ldq2, k2 + (size_t)ka * ldk, ldk, st, p->lds,
-                          plain ? 1.0f : x->qmul, 0);
-        fc_score_mod mod = {
-            .cap = x->sc.cap_log2,
-            /* element (r, c) of a head's rows: query i0 + r0 + r, key j0 + ka + c */
-            .d0 = j0 + ka - t->diag0 - r0,
-            .dr = -1,
-            .dc = 1,
-            .wl = edge ? a->window_left : -1,
-            .wr = edge ? a->window_right : -1,
-        };
-        int nqh = strip < t->nq ? rn : t->nqh;
-        for (int g = 0; g < t->nh; g++) {
-            mod.slope = fc_alibi_slope(a, t->b, t->h + g) * x->sc.log2e;
-            if (mod.cap != 0.0f || mod.slope != 0.0f || mod.wl >= 0 || mod.wr >= 0)
-                ops->score_mod(nqh, kb - ka, st + (size_t)g * nqh * p->lds, p->lds, &mod);
-        }
         ops->softmax_rows_bf16(rn, kb - ka, st, p->lds, plain ? x->qmul : 1.0f, t->m + r0,
                                t->l + r0, t->alpha + r0, p2, p->ldp2);
         for (int c = r0; c < r0 + rn; c++)
@@ -887,9 +909,9 @@ flashc_status fc_cpu_fwd(const fc_attn *a, void *ws, size_t ws_bytes) {
                                i * a->probs_s_row,
                            0, (size_t)a->max_seqlen_k * sizeof(float));
 
-    FC_LOG("cpu fwd: simd=%s bf16_dot=%d Br=%d Bc=%d tasks=%lld threads=%d",
-           flashc_simd_name(flashc_simd_active()), p.dot, p.Br, p.Bc, (long long)task0[a->batch],
-           p.nthreads);
+    FC_LOG("cpu fwd: simd=%s bf16_dot=%d queries_down=%d Br=%d Bc=%d tasks=%lld threads=%d",
+           flashc_simd_name(flashc_simd_active()), p.dot, p.qdown, p.Br, p.Bc,
+           (long long)task0[a->batch], p.nthreads);
     fc_pool_run_on(task0[a->batch], p.nthreads, fc_fwd_task, &x);
     return FLASHC_OK;
 }

@@ -70,14 +70,23 @@ static int fc_amx_request(void) { return 0; }
 #endif
 
 /* The amx path's permission, asked for once (1 granted, 0 refused). */
+static atomic_int fc_amx_permission = -1; /* -1: not asked yet */
+
 static int fc_amx_granted(void) {
-    static atomic_int granted = -1;
-    int g = atomic_load(&granted);
+    int g = atomic_load(&fc_amx_permission);
     if (g < 0) {
         g = fc_amx_request();
-        atomic_store(&granted, g);
+        atomic_store(&fc_amx_permission, g);
     }
     return g;
+}
+
+int fc_simd_amx_possible(void) {
+#if defined(FLASHC_HAVE_AMX)
+    return (flashc_cpu_features() & FLASHC_CPU_AMXBF16) && atomic_load(&fc_amx_permission) != 0;
+#else
+    return 0;
+#endif
 }
 
 unsigned flashc_cpu_features(void) {

@@ -117,6 +117,12 @@ typedef struct fc_simd_ops {
 /* The active table (never NULL). */
 const fc_simd_ops *fc_simd(void);
 
+/* 0 when the amx path can never run in this process (not built, not on this
+ * CPU, or the OS refused it), else 1 (without asking the OS): fwd.c and bwd.c
+ * then reserve the amx tiles' workspace too, so that its size is the same on
+ * every path. */
+int fc_simd_amx_possible(void);
+
 /* Tables of the paths; a path's table is NULL when the build lacks it. */
 extern const fc_simd_ops fc_simd_scalar_ops;
 #if defined(FLASHC_HAVE_AVX2)

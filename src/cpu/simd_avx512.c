@@ -522,7 +522,9 @@ fc_ukr_bf16(const int R, const int NV, int K2, const uint32_t *A, ptrdiff_t ars,
                                           : _mm512_loadu_si512((const void *)(B + 16 * v)));
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            __m512bh a = (__m512bh)_mm512_set1_epi32((int)A[r * ars]);
+            int32_t w; /* a pair of bf16 read as one word, whatever the caller's type */
+            memcpy(&w, A + r * ars, sizeof w);
+            __m512bh a = (__m512bh)_mm512_set1_epi32(w);
 #pragma GCC unroll 4
             for (int v = 0; v < NV; v++) c[r][v] = _mm512_dpbf16_ps(c[r][v], a, b[v]);
         }
@@ -799,12 +801,13 @@ static void fc_avx512_axpy_rows(flashc_dtype dt, int nv, int Dv, const void *con
  * 32 columns (B) is copied onto the stack, transposed by 16 x 16 blocks of
  * 32-bit words where it comes transposed, zero past its edges; the loop runs
  * first over the blocks of the operand that was copied, so each copy is made
- * once. Inner dimensions past FC_AMX_KC pairs run in chunks that add to C.
+ * once. Inner dimensions past FC_AMX_KC pairs (D > 256) run in chunks that
+ * add to C.
  *
  * The tile configuration is loaded at the start of every call and released
  * at its end: a thread may run other AMX code (oneDNN, say) between two calls,
  * and released tiles cost nothing at a context switch. */
-enum { FC_AMX_KC = 256 };
+enum { FC_AMX_KC = 128 }; /* two 16 KB panels on the stack, as fc_gemm_nt's 32 KB */
 
 typedef struct fc_amx_config {
     uint8_t palette, start_row, reserved[14];
@@ -898,22 +901,9 @@ static inline void fc_amx_out(const float *src, ptrdiff_t lds, float *c, ptrdiff
     }
 }
 
-static void fc_amx_gemm(int at, int bt, int M, int N, int K2, const uint32_t *A, int lda,
-                        const uint32_t *B, int ldb, float *C, int ldc, float scale, int acc) {
-    if (M <= 0 || N <= 0) return;
-    if (K2 <= 0) {
-        for (int m = 0; m < M; m++)
-            for (int n = 0; n < N; n++) C[(size_t)m * ldc + n] = acc ? C[(size_t)m * ldc + n] : 0.0f;
-        return;
-    }
-    if (K2 > FC_AMX_KC) { /* chunks of the inner dimension, each adding to C */
-        for (int k0 = 0; k0 < K2; k0 += FC_AMX_KC) {
-            int kc = K2 - k0 < FC_AMX_KC ? K2 - k0 : FC_AMX_KC;
-            fc_amx_gemm(at, bt, M, N, kc, at ? A + (size_t)k0 * lda : A + k0, lda,
-                        bt ? B + k0 : B + (size_t)k0 * ldb, ldb, C, ldc, scale, acc || k0 > 0);
-        }
-        return;
-    }
+/* One chunk of at most FC_AMX_KC pairs (1 <= K2); M, N >= 1. */
+static void fc_amx_gemm_chunk(int at, int bt, int M, int N, int K2, const uint32_t *A, int lda,
+                              const uint32_t *B, int ldb, float *C, int ldc, float scale, int acc) {
     const int K2p = (K2 + 15) / 16 * 16;
     const int kwhole = K2 % 16 == 0;
     uint32_t apanel[32 * FC_AMX_KC] __attribute__((aligned(64)));
@@ -984,6 +974,23 @@ static void fc_amx_gemm(int at, int bt, int M, int N, int K2, const uint32_t *A,
         }
     }
     _tile_release();
+}
+
+static void fc_amx_gemm(int at, int bt, int M, int N, int K2, const uint32_t *A, int lda,
+                        const uint32_t *B, int ldb, float *C, int ldc, float scale, int acc) {
+    if (M <= 0 || N <= 0) return;
+    if (K2 <= 0) {
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) C[(size_t)m * ldc + n] = acc ? C[(size_t)m * ldc + n] : 0.0f;
+        return;
+    }
+    /* chunks of the inner dimension, each adding to C (scale (s0 + s1) as
+     * scale s0 + scale s1, as fc_gemm_nt's panels) */
+    for (int k0 = 0; k0 < K2; k0 += FC_AMX_KC) {
+        int kc = K2 - k0 < FC_AMX_KC ? K2 - k0 : FC_AMX_KC;
+        fc_amx_gemm_chunk(at, bt, M, N, kc, at ? A + (size_t)k0 * lda : A + k0, lda,
+                          bt ? B + k0 : B + (size_t)k0 * ldb, ldb, C, ldc, scale, acc || k0 > 0);
+    }
 }
 
 static void fc_amx_gemm_bf16_nn(int M, int N, int K2, const uint32_t *A, int lda,
