@@ -124,6 +124,12 @@ static fc_fwd_tiles fc_fwd_pick_tiles(int64_t D) {
  * 1.45x, 1.1-1.7x) and lost at 6 and 8 (0.85x, 0.8x); MHA or GQA, 32 query
  * heads, 4k keys, 1 thread (bench/NOTES.md). */
 #define FC_FWD_ROW_NQ_DOT 4
+/* Key block of a problem whose tiles all run by rows (decode). Short blocks
+ * keep a task's reads of its kv heads' rows close together in memory: 1 query,
+ * 4k keys, one thread, on the Sapphire Rapids VM, Bc 32 against 128: bf16 8
+ * heads 1.28 -> 1.20 ms, 32/8 heads 1.93 -> 1.73; fp32 2.52 -> 2.01 and 2.99 ->
+ * 2.38; fp16 1.33 -> 1.31 (16 and 64 within a few % of 32; bench/NOTES.md). */
+#define FC_FWD_ROW_BC 32
 
 /* ---- workspace ---- */
 /* One thread's scratch, fp32 unless said (pairs: uint32 bf16 pairs, see
@@ -200,6 +206,10 @@ static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_pl
         r.Br = o.Br > r.Br ? o.Br : r.Br;
         r.Bc = o.Bc > r.Bc ? o.Bc : r.Bc;
     }
+    p->rows_nq = !ops->dot_rows || !ops->axpy_rows ? 0 : fc_fwd_use_dot(a, ops) ? FC_FWD_ROW_NQ_DOT
+                                                                               : FC_FWD_ROW_NQ;
+    if (a->max_seqlen_q * (a->heads / a->kv_heads) <= p->rows_nq)
+        t.Bc = FC_FWD_ROW_BC; /* every tile by rows (r keeps the table's, for the size) */
     p->Br = t.Br;
     p->Bc = t.Bc;
     p->ldq = (t.Br + 15) / 16 * 16;
@@ -207,7 +217,6 @@ static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_pl
     p->dot = fc_fwd_use_dot(a, ops);
     p->tiles = amx;
     p->qdown = p->tiles && ops->softmax_rows_bf16 && a->dropout_p == 0.0f;
-    p->rows_nq = !ops->dot_rows || !ops->axpy_rows ? 0 : p->dot ? FC_FWD_ROW_NQ_DOT : FC_FWD_ROW_NQ;
     p->ldq2 = (int)((a->head_dim + 1) / 2 + 15) / 16 * 16;
     p->lds = (t.Bc + 15) / 16 * 16;
     p->ldp2 = ((t.Bc + 1) / 2 + 15) / 16 * 16;
