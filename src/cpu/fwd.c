@@ -269,6 +269,7 @@ typedef struct fc_fwd_ctx {
     char *scratch;
     fc_score_consts sc; /* common/score.h */
     float qmul;         /* multiplies Q K^T: sc.qk_log2, or sc.qk_tanh with softcap */
+    size_t es;          /* bytes of an element of the dtype */
 } fc_fwd_ctx;
 
 typedef struct fc_fwd_tile {
@@ -324,8 +325,8 @@ static int64_t fc_fwd_tasks_of(const fc_attn *a, const fc_fwd_plan *p, int64_t s
  * (bwd.c's fc_bwd_kvrow for the forward's tile). */
 static inline const char *fc_fwd_kvrow(const fc_attn *a, const fc_view *v, const fc_fwd_tile *t,
                                        int64_t j) {
-    return (const char *)v->ptr +
-           (fc_kv_row(a, v, t->b, j) + t->hk * v->s_head) * (int64_t)flashc_dtype_size(a->dtype);
+    int64_t es = a->dtype == FLASHC_DTYPE_FP32 ? 4 : 2; /* fp32, or bf16 / fp16 (prepare.c) */
+    return (const char *)v->ptr + (fc_kv_row(a, v, t->b, j) + t->hk * v->s_head) * es;
 }
 
 /* Rows j0 .. j0+nk-1 (dim elements each: D of k, Dv of v) of operand v (k or
@@ -353,22 +354,19 @@ static void fc_fwd_prefetch_row(const char *p, size_t bytes) {
 /* Start moving rows [j0, j0+nk) of operand v towards the cache: the rows of a
  * block sit a head stride apart, often a page each, out of reach of the
  * hardware prefetchers, and the loads of the next block would otherwise wait
- * on memory while the micro-kernels idle. Not for a narrow tile (the row path)
- * whose rows lie end to end (s_seq = dim, not paged: ggml's [B][Hk][N][D]): the
- * hardware prefetchers stream those, and a block's lines issued at once only
- * wait for fill buffers ahead of the row ops (bench/NOTES.md, issue 22). Nor
- * for a tile whose GEMMs run on AMX tiles: there the prefetches cost 10% of the
- * forward's time and the tile loads wait no longer without them (bench/NOTES.md). */
+ * on memory while the micro-kernels idle. Not for a narrow tile (the row path,
+ * decode): its blocks of FC_FWD_ROW_BC keys of its kv heads are read soon
+ * enough that the prefetches cost more than they save (1 query, 4k keys, bf16,
+ * one thread on the Sapphire Rapids VM: 1.11 -> 0.85 ms without them; 256 keys
+ * from L2: 0.048 -> 0.033 ms; bench/NOTES.md). Nor for a tile whose GEMMs run
+ * on AMX tiles: there the prefetches cost 10% of the forward's time and the
+ * tile loads wait no longer without them. */
 static void fc_fwd_prefetch(const fc_fwd_ctx *x, const fc_view *v, int64_t dim, const fc_fwd_tile *t,
                             int64_t j0, int nk) {
     const fc_attn *a = x->a;
-    if (t->rows && v->s_seq == dim && !a->block_table) return;
-    if (x->plan->tiles && !t->rows) return;
-    size_t es = flashc_dtype_size(a->dtype);
-    fc_fwd_tile g = *t;
+    if (t->rows || x->plan->tiles) return;
     for (int r = 0; r < nk; r++)
-        for (g.hk = t->hk; g.hk < t->hk + t->nkv; g.hk++)
-            fc_fwd_prefetch_row(fc_fwd_kvrow(a, v, &g, j0 + r), (size_t)dim * es);
+        fc_fwd_prefetch_row(fc_fwd_kvrow(a, v, t, j0 + r), (size_t)dim * x->es);
 }
 
 /* ---- edge blocks: only their visible part ----
@@ -906,6 +904,7 @@ flashc_status fc_cpu_fwd(const fc_attn *a, void *ws, size_t ws_bytes) {
         .task0 = task0,
         .scratch = (char *)ws + p.off_scratch,
         .sc = fc_score_consts_of(a),
+        .es = flashc_dtype_size(a->dtype),
     };
     x.qmul = a->softcap > 0.0f ? x.sc.qk_tanh : x.sc.qk_log2;
 
