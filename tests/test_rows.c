@@ -1,5 +1,6 @@
 /* test_rows.c : the row ops of decode (src/cpu/simd.h: dot_rows for Q K^T,
- * axpy_rows for P V) against float64 sums, on every SIMD path that has them.
+ * axpy_rows for P V, and dot_rows_bf16 for bf16 rows where a path has bf16
+ * dot products) against float64 sums, on every SIMD path that has them.
  *
  * rows_ops_<dtype>: for every column count nq in 1..8, every length in
  * rw_dims (whole vectors, the % 16 tails, each width of axpy_rows' passes:
@@ -87,6 +88,59 @@ static int rw_dot(const fc_simd_ops *ops, rw_buf *b, int nq, int nk, int D) {
     return fc_check_close(what, FLASHC_DTYPE_FP32, b->got, b->ref64, b->lowp, (int64_t)nq * nk);
 }
 
+/* dot_rows_bf16 (bf16 rows, where the path has it) with nq columns of q in bf16
+ * pairs and a scale; element D of each K row is a NaN, which must not be read
+ * (q's pair past an odd D has a 0 high half, and NaN times 0 is NaN). */
+static int rw_dot_bf16(const fc_simd_ops *ops, rw_buf *b, int nq, int nk, int D) {
+    const int ldq2 = (D + 1) / 2 + 3, lds = nk + 5;
+    const float scale = 0.18033688f;
+    uint32_t *q2 = (uint32_t *)b->a; /* (nq, ldq2) words: fits b->a's floats */
+    uint16_t *q16 = (uint16_t *)q2;
+    rw_pick_rows(b, nk);
+    for (int c = 0; c < nq; c++)
+        for (int d = 0; d < 2 * ldq2; d++) {
+            float v = (float)fc_rand_uniform(-1.0, 1.0);
+            uint16_t h;
+            fc_set(&h, FLASHC_DTYPE_BF16, 0, v);
+            q16[(size_t)c * 2 * ldq2 + d] = d < D ? h : (uint16_t)0;
+        }
+    uint16_t saved[RW_MAX_ROWS];
+    for (int r = 0; r < nk; r++)
+        if (D < RW_MAX_D) {
+            uint16_t *row = (uint16_t *)b->rows[r];
+            saved[r] = row[D];
+            row[D] = 0x7fc0; /* bf16 NaN */
+        }
+    fc_poison(b->out, FLASHC_DTYPE_FP32, (int64_t)nq * lds);
+    ops->dot_rows_bf16(nk, D, b->rows, q2, ldq2, nq, b->out, lds, scale);
+    for (int r = 0; r < nk; r++)
+        if (D < RW_MAX_D) ((uint16_t *)b->rows[r])[D] = saved[r];
+    for (int c = 0; c < nq; c++)
+        for (int r = 0; r < nk; r++) {
+            double s64 = 0.0;
+            float s32 = 0.0f;
+            for (int d = 0; d < D; d++) {
+                double q = fc_get(q16 + (size_t)c * 2 * ldq2, FLASHC_DTYPE_BF16, d);
+                double k = rw_pool(b, b->row_of[r], d);
+                s64 += q * k;
+                s32 += (float)q * (float)k;
+            }
+            b->got[c * nk + r] = b->out[c * lds + r];
+            b->ref64[c * nk + r] = scale * s64;
+            b->lowp[c * nk + r] = scale * s32;
+        }
+    for (int c = 0; c < nq; c++)
+        for (int r = nk; r < lds; r++)
+            if (!isnan(b->out[c * lds + r])) {
+                fc_test_fail(__FILE__, __LINE__, "dot_rows_bf16 nq=%d nk=%d D=%d wrote s[%d][%d]",
+                             nq, nk, D, c, r);
+                return 0;
+            }
+    char what[64];
+    snprintf(what, sizeof what, "dot_rows_bf16 nq=%d nk=%d D=%d", nq, nk, D);
+    return fc_check_close(what, FLASHC_DTYPE_FP32, b->got, b->ref64, b->lowp, (int64_t)nq * nk);
+}
+
 /* axpy_rows with nq columns of p, nv rows of Dv elements. */
 static int rw_axpy(const fc_simd_ops *ops, rw_buf *b, int nq, int nv, int Dv) {
     const int ldp = nq + 3, ldo = Dv + RW_PAD;
@@ -148,11 +202,14 @@ static void rw_run(const void *param) {
         /* fwd.c runs by rows only where a path has both */
         FC_EXPECT_TRUE(!ops->dot_rows == !ops->axpy_rows);
         if (!ops->dot_rows || !ops->axpy_rows) continue;
+        int bf16_dot = b.dt == FLASHC_DTYPE_BF16 && ops->dot_rows_bf16 &&
+                       (flashc_cpu_features() & ops->bf16_cpu) == ops->bf16_cpu;
         for (int nq = 1; nq <= RW_MAX_NQ; nq++)
             for (int i = 0; i < FC_COUNT(rw_dims); i++)
                 for (int k = 0; k < FC_COUNT(rw_nrows); k++)
                     if (!rw_dot(ops, &b, nq, rw_nrows[k], rw_dims[i]) ||
-                        !rw_axpy(ops, &b, nq, rw_nrows[k], rw_dims[i]))
+                        !rw_axpy(ops, &b, nq, rw_nrows[k], rw_dims[i]) ||
+                        (bf16_dot && !rw_dot_bf16(ops, &b, nq, rw_nrows[k], rw_dims[i])))
                         goto done;
     }
 done:

@@ -161,6 +161,7 @@ typedef struct fc_fwd_plan {
     int ldq2, lds, ldp2;     /* qdown: words of a Qi row, floats of an S row, words of a P row */
     int rows_nq;             /* tiles of at most this many columns: Q K^T by rows */
     int64_t kvg;             /* kv heads a narrow task may own (fc_fwd_kv_per_task) */
+    int rows_dot;            /* narrow tiles' Q K^T on bf16 dot products (dot_rows_bf16) */
     size_t buf[FC_FWD_NBUF]; /* byte offsets inside one thread's scratch */
     size_t thread_bytes;     /* one thread's scratch, whole cache lines */
     int nthreads;
@@ -217,6 +218,7 @@ static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_pl
     p->dot = fc_fwd_use_dot(a, ops);
     p->tiles = amx;
     p->qdown = p->tiles && ops->softmax_rows_bf16 && a->dropout_p == 0.0f;
+    p->rows_dot = p->dot && ops->dot_rows_bf16 != NULL;
     p->ldq2 = (int)((a->head_dim + 1) / 2 + 15) / 16 * 16;
     p->lds = (t.Bc + 15) / 16 * 16;
     p->ldp2 = ((t.Bc + 1) / 2 + 15) / 16 * 16;
@@ -424,11 +426,16 @@ static void fc_fwd_edge_fill(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t 
 static void fc_fwd_scores_rows(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk) {
     const fc_attn *a = x->a;
     const fc_fwd_plan *p = x->plan;
-    const int D = (int)a->head_dim, nc = t->nq / t->nkv; /* columns of one kv head */
+    const int D = (int)a->head_dim, D2 = (D + 1) / 2, nc = t->nq / t->nkv; /* nc: columns of one kv head */
     fc_fwd_tile g = *t;
     for (int c0 = 0; c0 < t->nq; c0 += nc, g.hk++) {
         for (int r = 0; r < nk; r++) t->rowp[r] = fc_fwd_kvrow(a, &a->k, &g, j0 + r);
-        x->ops->dot_rows(a->dtype, nk, D, t->rowp, t->qt + (size_t)c0 * D, D, nc, t->sr, p->Bc);
+        if (p->rows_dot)
+            x->ops->dot_rows_bf16(nk, D, t->rowp, (const uint32_t *)t->qt + (size_t)c0 * D2, D2,
+                                  nc, t->sr, p->Bc, x->qmul);
+        else
+            x->ops->dot_rows(a->dtype, nk, D, t->rowp, t->qt + (size_t)c0 * D, D, nc, t->sr,
+                             p->Bc);
         for (int r = 0; r < nk; r++)
             for (int c = 0; c < nc; c++)
                 t->st[(size_t)r * p->ldq + c0 + c] = t->sr[(size_t)c * p->Bc + r];
@@ -774,7 +781,19 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
         fc_fwd_prefetch(x, &a->v, Dv, &t, t.jlo, nk0);
     }
 
-    if (t.rows) {
+    if (t.rows && p->rows_dot) {
+        /* Qi as rows of (D + 1) / 2 pairs, unscaled (dot_rows_bf16 applies qmul) */
+        uint32_t *q2 = (uint32_t *)t.qt;
+        const int D2 = (D + 1) / 2;
+        for (int c = 0; c < t.nq; c++) {
+            uint16_t *dst = (uint16_t *)(q2 + (size_t)c * D2);
+            memcpy(dst,
+                   (const uint16_t *)a->q.ptr + fc_q_row(a, &a->q, t.b, fc_fwd_col_row(&t, c)) +
+                       fc_fwd_col_head(&t, c) * a->q.s_head,
+                   (size_t)D * sizeof(uint16_t));
+            if (D & 1) dst[D] = 0;
+        }
+    } else if (t.rows) {
         /* Qi as rows of D, scaled (dot_rows' q) */
         for (int c = 0; c < t.nq; c++) {
             int64_t off = fc_q_row(a, &a->q, t.b, fc_fwd_col_row(&t, c)) +

@@ -104,6 +104,12 @@ typedef struct fc_simd_ops {
      * fp32 in registers, so a 16-bit cache needs no fp32 copy and no transpose. */
     void (*dot_rows)(flashc_dtype dt, int nk, int D, const void *const *krows, const float *q,
                      int ldq, int nq, float *s, int lds);
+    /* dot_rows for bf16 rows on bf16 dot products (optional, with bf16_cpu):
+     * s[c * lds + r] = scale * sum_d q(c, d) k_r[d], q as bf16 pairs (row c at
+     * q2 + c * ldq2 words, (D + 1) / 2 pairs, an odd D's last high half 0); the
+     * products exact, the sums fp32. */
+    void (*dot_rows_bf16)(int nk, int D, const void *const *krows, const uint32_t *q2, int ldq2,
+                          int nq, float *s, int lds, float scale);
 
     /* ---- decode's P V (optional; NULL where the path has none) ----
      * o[c * ldo + d] += sum_r p[r * ldp + c] * v_r[d] for d < Dv, c < nq (1..8): the

@@ -727,6 +727,45 @@ static void fc_avx512_dot_rows(flashc_dtype dt, int nk, int D, const void *const
     FC_SWITCH_NQ(nq, fc_dot_rows_nq, dt, nk, D, krows, q, ldq, s, lds)
 }
 
+static inline __attribute__((always_inline)) void
+fc_dot_rows_bf16_nq(const int NQ, int nk, int D, const void *const *krows, const uint32_t *q2,
+                    int ldq2, float *s, int lds, float scale) {
+    /* the tail: D % 32 elements of K (a masked load, so no element past D is
+     * read), and the pairs of q that hold them */
+    const int dt = D / 32 * 32, rest = D - dt;
+    const __mmask32 mk = rest ? (__mmask32)((1u << rest) - 1u) : 0;
+    const __mmask16 mq = fc_mask((rest + 1) / 2);
+    for (int r = 0; r < nk; r++) {
+        const uint16_t *k = (const uint16_t *)krows[r];
+        __m512 acc[8];
+#pragma GCC unroll 8
+        for (int c = 0; c < NQ; c++) acc[c] = _mm512_setzero_ps();
+        for (int d = 0; d < dt; d += 32) {
+            __m512bh kv = (__m512bh)_mm512_loadu_si512((const void *)(k + d));
+#pragma GCC unroll 8
+            for (int c = 0; c < NQ; c++)
+                acc[c] = _mm512_dpbf16_ps(
+                    acc[c], kv,
+                    (__m512bh)_mm512_loadu_si512((const void *)(q2 + (size_t)c * ldq2 + d / 2)));
+        }
+        if (rest) {
+            __m512bh kv = (__m512bh)_mm512_maskz_loadu_epi16(mk, k + dt);
+#pragma GCC unroll 8
+            for (int c = 0; c < NQ; c++)
+                acc[c] = _mm512_dpbf16_ps(
+                    acc[c], kv,
+                    (__m512bh)_mm512_maskz_loadu_epi32(mq, q2 + (size_t)c * ldq2 + dt / 2));
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < NQ; c++) s[(size_t)c * lds + r] = scale * _mm512_reduce_add_ps(acc[c]);
+    }
+}
+
+static void fc_avx512_dot_rows_bf16(int nk, int D, const void *const *krows, const uint32_t *q2,
+                                    int ldq2, int nq, float *s, int lds, float scale) {
+    FC_SWITCH_NQ(nq, fc_dot_rows_bf16_nq, nk, D, krows, q2, ldq2, s, lds, scale)
+}
+
 /* ---- decode's P V: at most 8 columns of P against rows of V ---- */
 /* One pass over the nv rows for elements [d, d + 16 W) of the NQ output rows:
  * NQ x W accumulators stay in registers while each V row's W vectors are widened
@@ -1018,7 +1057,8 @@ static void fc_amx_gemm_bf16_nt(int M, int N, int K2, const uint32_t *A, int lda
         level, fc_avx512_gemm_nn, fc_avx512_gemm_nt, fc_avx512_gemm_tn, fc_avx512_exp2_sum,        \
         fc_avx512_max, fc_avx512_scale, fc_avx512_load, fc_avx512_store, fc_avx512_score_mod,      \
         fc_avx512_softmax_cols, fc_avx512_dropout_cols, bf16_cpu, bf16_nn, bf16_tn, bf16_nt,       \
-        fc_avx512_pack_pairs, softmax_rows_bf16, fc_avx512_dot_rows, fc_avx512_axpy_rows,          \
+        fc_avx512_pack_pairs, softmax_rows_bf16, fc_avx512_dot_rows, fc_avx512_dot_rows_bf16,      \
+        fc_avx512_axpy_rows,                                                                       \
     }
 
 const fc_simd_ops fc_simd_avx512_ops =
