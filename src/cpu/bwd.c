@@ -91,7 +91,7 @@ static const fc_bwd_tile_size fc_bwd_tile_table[] = {
 };
 /* bf16 on AMX tiles (the amx path): each product's operand copies (B^T of the
  * nt products, A^T of the tn ones, fc_amx_gemm) serve more of the tile at
- * 128 x 128. Measured on the 2-core Sapphire Rapids VM (2 MB L2 a core), S =
+ * 128 x 128. Measured on the 2-core Intel VM with AMX (2 MB L2 a core), S =
  * 2k, one thread, D 64/128/256 against the table's tiles: non-causal 0.98,
  * 0.98, 0.89x the time, causal 0.98, 0.98, 0.89x; 128 x 256 was 0.84-0.92x
  * without a mask but 1.05-1.07x with a causal one at D <= 128 (bench/NOTES.md). */

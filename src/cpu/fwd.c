@@ -94,11 +94,11 @@ static const fc_fwd_tiles fc_fwd_tile_table[] = {
 
 /* bf16 on AMX tiles (p->tiles): the tiles' GEMMs run at 1.0-1.3 TFLOP/s from
  * cache, so the time goes to the softmax and to reading Kj, Vj once per query
- * tile (a head's K and V at S = 4k fill half the L2). Measured on a 2-core
- * Sapphire Rapids VM (2 MB L2 per core), one thread, S = 4k, D 64/128/256:
- * 256 x 256 was 1.05-1.2x 128 x 128 and 128 x 192; 512 x 256 another 1.05-1.1x
- * without a causal mask but 0.9x with one (the diagonal's masked half), so
- * not taken (bench/NOTES.md). */
+ * tile (a head's K and V at S = 4k fill half the L2). Measured on the 2-core
+ * Intel VM with AMX (2 MB L2 per core), one thread, S = 4k: 256 x 256 took
+ * 0.84x the time of 128 x 128 at D 128, 0.97x and 0.90x of 128 x 192 at D 64
+ * and 256; 512 x 256 another 0.91-0.95x without a mask, but 1.1x at S = 1k
+ * with a causal one, so not taken (bench/NOTES.md, session 35). */
 static const fc_fwd_tiles fc_fwd_amx_tiles = {INT64_MAX, 256, 256};
 
 static fc_fwd_tiles fc_fwd_pick_tiles(int64_t D) {
@@ -126,7 +126,7 @@ static fc_fwd_tiles fc_fwd_pick_tiles(int64_t D) {
 #define FC_FWD_ROW_NQ_DOT 4
 /* Key block of a problem whose tiles all run by rows (decode). Short blocks
  * keep a task's reads of its kv heads' rows close together in memory: 1 query,
- * 4k keys, one thread, on the Sapphire Rapids VM, Bc 32 against 128: bf16 8
+ * 4k keys, one thread, on the Intel VM with AMX, Bc 32 against 128: bf16 8
  * heads 1.28 -> 1.20 ms, 32/8 heads 1.93 -> 1.73; fp32 2.52 -> 2.01 and 2.99 ->
  * 2.38; fp16 1.33 -> 1.31 (16 and 64 within a few % of 32; bench/NOTES.md). */
 #define FC_FWD_ROW_BC 32
@@ -359,7 +359,7 @@ static void fc_fwd_prefetch_row(const char *p, size_t bytes) {
  * on memory while the micro-kernels idle. Not for a narrow tile (the row path,
  * decode): its blocks of FC_FWD_ROW_BC keys of its kv heads are read soon
  * enough that the prefetches cost more than they save (1 query, 4k keys, bf16,
- * one thread on the Sapphire Rapids VM: 1.11 -> 0.85 ms without them; 256 keys
+ * one thread on the Intel VM with AMX: 1.11 -> 0.85 ms without them; 256 keys
  * from L2: 0.048 -> 0.033 ms; bench/NOTES.md). Nor for a tile whose GEMMs run
  * on AMX tiles: there the prefetches cost 10% of the forward's time and the
  * tile loads wait no longer without them. */
