@@ -373,6 +373,7 @@ static void fc_avx512_softmax_cols(int M, int N, float *x, int ld, float *m, flo
     }
 }
 
+#if defined(FLASHC_HAVE_AMX) /* the amx forward's row softmax */
 /* exp2(x) for x <= 0 (give or take a rounding) or NaN: fc_exp2 without the
  * upper clamp. */
 static inline __m512 fc_exp2_neg(__m512 x) {
@@ -439,6 +440,7 @@ static void fc_avx512_softmax_rows_bf16(int M, int N, const float *x, int ld, fl
         }
     }
 }
+#endif /* FLASHC_HAVE_AMX */
 
 /* ---- dropout ---- */
 /* Philox4x32-10 of philox.h on 16 lanes (its constants). */
