@@ -532,7 +532,8 @@ FLASHC_API flashc_status flashc_set_simd(flashc_simd s);
  * Once granted, the whole process has the larger signal frames of the tile
  * state (about 11 KB), so a later sigaltstack() with a smaller stack fails; a
  * program that needs small signal stacks sets FLASHC_SIMD=avx512 (or calls
- * flashc_set_simd before any other flashc call), and flashc never asks. */
+ * flashc_set_simd before any other flashc call, or is built with
+ * -DFLASHC_AMX=OFF), and flashc never asks. */
 #define FLASHC_CPU_AMXBF16 (1u << 9)
 FLASHC_API unsigned flashc_cpu_features(void);
 
