@@ -18,7 +18,8 @@
  *
  * exp2: x = n + f with n = round(x), |f| <= 1/2; 2^f from a degree-6
  * polynomial (the Chebyshev interpolant of 2^f on [-1/2, 1/2], at most 1.4
- * units of 2^-24 relative error in fp32), times 2^n with vscalefps.
+ * units of 2^-24 relative error in fp32), times 2^n with vscalefps; below
+ * 2^-126 the result is 0 rather than subnormal (FC_EXP2_LO).
  * tanh(x) = sign(x) (1 - e) / (1 + e) with e = 2^(-2 |x| log2 e): an absolute
  * error of a few 1e-8. Dropout runs Philox4x32-10 (philox.h) on 16 lanes, one
  * (query, group of 8 keys) per lane, with 32 x 32 -> 64-bit products from
@@ -45,25 +46,30 @@
 static const float fc_exp2_c[7] = {1.000000000e+00f, 6.931471825e-01f, 2.402265072e-01f,
                                    5.550327152e-02f, 9.618056938e-03f, 1.340042800e-03f,
                                    1.546144485e-04f};
-/* exp2 of x below this is 0 in fp32 (2^-150 rounds to 0); above FC_EXP2_HI, inf */
-#define FC_EXP2_LO (-160.0f)
+/* exp2 of x below FC_EXP2_LO is 0, not the subnormal 2^x: vscalefps takes a
+ * microcode assist for a subnormal or underflowing result on Intel cores
+ * (without FTZ), and masked scores (-inf) would hit it on every element (a
+ * local window's forward on amx: 4.7 -> 2.0 ms, bench/NOTES.md). Above
+ * FC_EXP2_HI, inf. */
+#define FC_EXP2_LO (-126.0f)
 #define FC_EXP2_HI 128.0f
 
 /* ---- vector math ---- */
-static inline __m512 fc_exp2(__m512 x) {
-    /* min/max return their second operand when either is NaN: NaN propagates */
-    x = _mm512_min_ps(_mm512_set1_ps(FC_EXP2_HI), x);
-    x = _mm512_max_ps(_mm512_set1_ps(FC_EXP2_LO), x);
+/* exp2(x) for x <= FC_EXP2_HI or NaN (NaN stays: max returns its second
+ * operand when either is NaN) */
+static inline __m512 fc_exp2_upto(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(FC_EXP2_LO);
+    __mmask16 zero = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_max_ps(lo, x);
     __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 f = _mm512_sub_ps(x, n);
     __m512 p = _mm512_set1_ps(fc_exp2_c[6]);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(fc_exp2_c[5]));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(fc_exp2_c[4]));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(fc_exp2_c[3]));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(fc_exp2_c[2]));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(fc_exp2_c[1]));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(fc_exp2_c[0]));
-    return _mm512_scalef_ps(p, n);
+    for (int k = 5; k >= 0; k--) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(fc_exp2_c[k]));
+    return _mm512_maskz_scalef_ps((__mmask16)~zero, p, n);
+}
+
+static inline __m512 fc_exp2(__m512 x) {
+    return fc_exp2_upto(_mm512_min_ps(_mm512_set1_ps(FC_EXP2_HI), x));
 }
 
 static inline __m512 fc_tanh(__m512 x) {
@@ -374,21 +380,11 @@ static void fc_avx512_softmax_cols(int M, int N, float *x, int ld, float *m, flo
 }
 
 #if defined(FLASHC_HAVE_AMX) /* the amx forward's row softmax */
-/* exp2(x) for x <= 0 (give or take a rounding) or NaN: fc_exp2 without the
- * upper clamp. */
-static inline __m512 fc_exp2_neg(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(FC_EXP2_LO), x); /* NaN stays */
-    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(fc_exp2_c[6]);
-    for (int k = 5; k >= 0; k--) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(fc_exp2_c[k]));
-    return _mm512_scalef_ps(p, n);
-}
-
 /* softmax_cols' twin along rows, P out as bf16 pairs (simd.h). By groups of
  * 64 rows: first every row's maximum, then every row's exponentials (the rows'
- * reductions then overlap: 0.20 against 0.25 ns an element, row by row).
- * Masked lanes load -inf, whose exp2 is 0. */
+ * reductions then overlap: 0.20 against 0.25 ns an element, row by row), and
+ * no upper clamp on exp2 (x <= 0 there). Masked lanes load -inf, whose exp2
+ * is 0. */
 enum { FC_SOFTMAX_ROWS = 64 };
 
 static void fc_avx512_softmax_rows_bf16(int M, int N, const float *x, int ld, float xs, float *m,
@@ -419,8 +415,8 @@ static void fc_avx512_softmax_rows_bf16(int M, int N, const float *x, int ld, fl
             __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
             int c = 0;
             for (; c + 32 <= N; c += 32) {
-                __m512 e0 = fc_exp2_neg(_mm512_fmsub_ps(_mm512_loadu_ps(row + c), vxs, u));
-                __m512 e1 = fc_exp2_neg(_mm512_fmsub_ps(_mm512_loadu_ps(row + c + 16), vxs, u));
+                __m512 e0 = fc_exp2_upto(_mm512_fmsub_ps(_mm512_loadu_ps(row + c), vxs, u));
+                __m512 e1 = fc_exp2_upto(_mm512_fmsub_ps(_mm512_loadu_ps(row + c + 16), vxs, u));
                 s0 = _mm512_add_ps(s0, e0);
                 s1 = _mm512_add_ps(s1, e1);
                 _mm512_storeu_si512((void *)(out + c), (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
@@ -428,12 +424,12 @@ static void fc_avx512_softmax_rows_bf16(int M, int N, const float *x, int ld, fl
             for (; c < N; c += 16) {
                 __mmask16 k = fc_mask(N - c);
                 __m512 e0 =
-                    fc_exp2_neg(_mm512_fmsub_ps(_mm512_mask_loadu_ps(ninf, k, row + c), vxs, u));
+                    fc_exp2_upto(_mm512_fmsub_ps(_mm512_mask_loadu_ps(ninf, k, row + c), vxs, u));
                 s0 = _mm512_add_ps(s0, e0);
                 _mm256_mask_storeu_epi16(out + c, k, (__m256i)_mm512_cvtneps_pbh(e0));
             }
             if (N & 1) out[N] = 0;
-            float a = _mm512_cvtss_f32(fc_exp2_neg(_mm512_sub_ps(_mm512_set1_ps(mo), u)));
+            float a = _mm512_cvtss_f32(fc_exp2_upto(_mm512_sub_ps(_mm512_set1_ps(mo), u)));
             alpha[r] = a;
             l[r] = a * l[r] + _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
             m[r] = mx;
