@@ -136,7 +136,7 @@ static fc_fwd_tiles fc_fwd_pick_tiles(int64_t D) {
  * simd.h; only the bf16 dot-product path uses them; qdown: the queries-down
  * layout of the amx path): */
 enum {
-    FC_FWD_QT,    /* (D, ldq)   Qi^T, scaled; pairs: (D/2, ldq) unscaled; qdown: (Br, ldq2) Qi's rows of pairs */
+    FC_FWD_QT,    /* (D, ldq)   Qi^T, scaled; pairs: (D/2, ldq) unscaled; qdown and bf16 row tiles: (Br, ldq2) Qi's rows of pairs */
     FC_FWD_O,     /* (Br, ldd)  Oi, unnormalised */
     FC_FWD_ST,    /* (Bc, ldq)  S^T, then P^T; qdown: (Br, lds) S */
     FC_FWD_K,     /* (Bc, ldd)  Kj; pairs: (Bc, ldd) rows of D/2 pairs (when not read in place) */
@@ -200,22 +200,21 @@ static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_pl
     /* up to FC_FWD_ROW_NQ query rows (decode) keep the default tiles, the row
      * path's (and, past FC_FWD_ROW_NQ_DOT rows, a short queries-down tile's) */
     int wide = a->max_seqlen_q > FC_FWD_ROW_NQ;
-    int amx = fc_fwd_use_dot(a, ops) && ops->level == FLASHC_SIMD_AMX;
+    int dot = fc_fwd_use_dot(a, ops), amx = dot && ops->level == FLASHC_SIMD_AMX;
     fc_fwd_tiles t = amx && wide ? fc_fwd_amx_tiles : fc_fwd_pick_tiles(dmax), r = t;
     if (bf16 && wide && fc_simd_amx_possible()) {
         fc_fwd_tiles o = amx ? fc_fwd_pick_tiles(dmax) : fc_fwd_amx_tiles;
         r.Br = o.Br > r.Br ? o.Br : r.Br;
         r.Bc = o.Bc > r.Bc ? o.Bc : r.Bc;
     }
-    p->rows_nq = !ops->dot_rows || !ops->axpy_rows ? 0 : fc_fwd_use_dot(a, ops) ? FC_FWD_ROW_NQ_DOT
-                                                                               : FC_FWD_ROW_NQ;
+    p->rows_nq = !ops->dot_rows || !ops->axpy_rows ? 0 : dot ? FC_FWD_ROW_NQ_DOT : FC_FWD_ROW_NQ;
     if (a->max_seqlen_q * (a->heads / a->kv_heads) <= p->rows_nq)
         t.Bc = FC_FWD_ROW_BC; /* every tile by rows (r keeps the table's, for the size) */
     p->Br = t.Br;
     p->Bc = t.Bc;
     p->ldq = (t.Br + 15) / 16 * 16;
     p->ldd = (int)((dmax + 15) / 16 * 16);
-    p->dot = fc_fwd_use_dot(a, ops);
+    p->dot = dot;
     p->tiles = amx;
     p->qdown = p->tiles && ops->softmax_rows_bf16 && a->dropout_p == 0.0f;
     p->rows_dot = p->dot && ops->dot_rows_bf16 != NULL;
@@ -426,13 +425,13 @@ static void fc_fwd_edge_fill(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t 
 static void fc_fwd_scores_rows(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk) {
     const fc_attn *a = x->a;
     const fc_fwd_plan *p = x->plan;
-    const int D = (int)a->head_dim, D2 = (D + 1) / 2, nc = t->nq / t->nkv; /* nc: columns of one kv head */
+    const int D = (int)a->head_dim, nc = t->nq / t->nkv; /* columns of one kv head */
     fc_fwd_tile g = *t;
     for (int c0 = 0; c0 < t->nq; c0 += nc, g.hk++) {
         for (int r = 0; r < nk; r++) t->rowp[r] = fc_fwd_kvrow(a, &a->k, &g, j0 + r);
         if (p->rows_dot)
-            x->ops->dot_rows_bf16(nk, D, t->rowp, (const uint32_t *)t->qt + (size_t)c0 * D2, D2,
-                                  nc, t->sr, p->Bc, x->qmul);
+            x->ops->dot_rows_bf16(nk, D, t->rowp, (const uint32_t *)t->qt + (size_t)c0 * p->ldq2,
+                                  p->ldq2, nc, t->sr, p->Bc, x->qmul);
         else
             x->ops->dot_rows(a->dtype, nk, D, t->rowp, t->qt + (size_t)c0 * D, D, nc, t->sr,
                              p->Bc);
@@ -781,12 +780,12 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
         fc_fwd_prefetch(x, &a->v, Dv, &t, t.jlo, nk0);
     }
 
-    if (t.rows && p->rows_dot) {
-        /* Qi as rows of (D + 1) / 2 pairs, unscaled (dot_rows_bf16 applies qmul) */
+    if (t.rows ? p->rows_dot : p->qdown) {
+        /* Qi's rows as pairs, ldq2 words apart, unscaled (dot_rows_bf16 or
+         * the GEMM applies qmul) */
         uint32_t *q2 = (uint32_t *)t.qt;
-        const int D2 = (D + 1) / 2;
         for (int c = 0; c < t.nq; c++) {
-            uint16_t *dst = (uint16_t *)(q2 + (size_t)c * D2);
+            uint16_t *dst = (uint16_t *)(q2 + (size_t)c * p->ldq2);
             memcpy(dst,
                    (const uint16_t *)a->q.ptr + fc_q_row(a, &a->q, t.b, fc_fwd_col_row(&t, c)) +
                        fc_fwd_col_head(&t, c) * a->q.s_head,
@@ -800,17 +799,6 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
                           fc_fwd_col_head(&t, c) * a->q.s_head;
             ops->load(a->dtype, D, (const char *)a->q.ptr + off * (int64_t)es,
                       t.qt + (size_t)c * D, x->qmul);
-        }
-    } else if (p->qdown) {
-        /* Qi's rows as pairs, unscaled (the GEMM applies qmul) */
-        uint32_t *q2 = (uint32_t *)t.qt;
-        for (int c = 0; c < t.nq; c++) {
-            uint16_t *dst = (uint16_t *)(q2 + (size_t)c * p->ldq2);
-            memcpy(dst,
-                   (const uint16_t *)a->q.ptr + fc_q_row(a, &a->q, t.b, fc_fwd_col_row(&t, c)) +
-                       fc_fwd_col_head(&t, c) * a->q.s_head,
-                   (size_t)D * sizeof(uint16_t));
-            if (D & 1) dst[D] = 0;
         }
     } else if (p->dot) {
         /* Qi^T in pairs, unscaled (the GEMM applies qmul) */
