@@ -229,6 +229,20 @@ static int gb_one(const fc_simd_ops *ops, gm_op op, gb_buf *g, int M, int N, int
     return fc_check_close(what, FLASHC_DTYPE_FP32, g->got, g->ref64, g->lowp, (int64_t)M * N);
 }
 
+/* Operand x (pairs, ld apart) as dst[r][2 K2] floats, row r of the product's
+ * side (m of A, n of B): pair (r, p) at x[r * ld + p] when by_row, else at
+ * x[p * ld + r]. With odd, the last pair's high half is set to 0 first (as the
+ * callers pad an odd inner dimension). */
+static void gb_unpack(uint32_t *x, int ld, int rows, int K2, int by_row, int odd, float *dst) {
+    for (int r = 0; r < rows; r++)
+        for (int p = 0; p < K2; p++) {
+            uint32_t *w = by_row ? &x[r * ld + p] : &x[p * ld + r];
+            if (odd && p == K2 - 1) *w &= 0xffffu;
+            dst[r * 2 * K2 + 2 * p] = gb_half(*w, 0);
+            dst[r * 2 * K2 + 2 * p + 1] = gb_half(*w, 1);
+        }
+}
+
 /* Operands of one shape, their sums, and every path x acc x scale on them; 1 on pass. */
 static int gb_shape(gm_op op, gb_buf *g, int M, int N, int K2, const float *scales, int nscales) {
     /* pairs: A is (M, K2) for nn and nt, (K2, M) for tn; B (K2, N) for nn and tn, (N, K2) for nt */
@@ -243,20 +257,8 @@ static int gb_shape(gm_op op, gb_buf *g, int M, int N, int K2, const float *scal
     }
     const int odd = K2 > 0 && (M + N) % 2 == 1;
     const int ka = 2 * K2; /* elements of the inner dimension, the odd one's 0 included */
-    for (int m = 0; m < M; m++)
-        for (int p = 0; p < K2; p++) {
-            uint32_t *w = op == GM_TN ? &a[p * lda + m] : &a[m * lda + p];
-            if (odd && p == K2 - 1) *w &= 0xffffu;
-            g->af[m * ka + 2 * p] = gb_half(*w, 0);
-            g->af[m * ka + 2 * p + 1] = gb_half(*w, 1);
-        }
-    for (int n = 0; n < N; n++)
-        for (int p = 0; p < K2; p++) {
-            uint32_t *w = op == GM_NT ? &b[n * ldb + p] : &b[p * ldb + n];
-            if (odd && p == K2 - 1) *w &= 0xffffu;
-            g->bf[n * ka + 2 * p] = gb_half(*w, 0);
-            g->bf[n * ka + 2 * p + 1] = gb_half(*w, 1);
-        }
+    gb_unpack(a, lda, M, K2, op != GM_TN, odd, g->af);
+    gb_unpack(b, ldb, N, K2, op == GM_NT, odd, g->bf);
     /* bf16 x bf16 has at most 16 significant bits: exact in fp32 and float64 */
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {

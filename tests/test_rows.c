@@ -56,6 +56,21 @@ static void rw_pick_rows(rw_buf *b, int nr) {
     }
 }
 
+/* The end of a dot_rows check (op names it): nothing written past row nk of
+ * s (lds apart, poisoned), then got against ref64 with lowp as the baseline. */
+static int rw_dot_check(const char *op, rw_buf *b, int nq, int nk, int D, int lds) {
+    for (int c = 0; c < nq; c++)
+        for (int r = nk; r < lds; r++)
+            if (!isnan(b->out[c * lds + r])) {
+                fc_test_fail(__FILE__, __LINE__, "%s nq=%d nk=%d D=%d wrote s[%d][%d]", op, nq, nk,
+                             D, c, r);
+                return 0;
+            }
+    char what[64];
+    snprintf(what, sizeof what, "%s nq=%d nk=%d D=%d", op, nq, nk, D);
+    return fc_check_close(what, FLASHC_DTYPE_FP32, b->got, b->ref64, b->lowp, (int64_t)nq * nk);
+}
+
 /* dot_rows with nq columns of q, nk rows of D elements. */
 static int rw_dot(const fc_simd_ops *ops, rw_buf *b, int nq, int nk, int D) {
     const int ldq = D + 3, lds = nk + 5;
@@ -76,16 +91,7 @@ static int rw_dot(const fc_simd_ops *ops, rw_buf *b, int nq, int nk, int D) {
             b->ref64[c * nk + r] = s64;
             b->lowp[c * nk + r] = s32;
         }
-    for (int c = 0; c < nq; c++)
-        for (int r = nk; r < lds; r++)
-            if (!isnan(b->out[c * lds + r])) {
-                fc_test_fail(__FILE__, __LINE__, "dot_rows nq=%d nk=%d D=%d wrote s[%d][%d]", nq,
-                             nk, D, c, r);
-                return 0;
-            }
-    char what[64];
-    snprintf(what, sizeof what, "dot_rows nq=%d nk=%d D=%d", nq, nk, D);
-    return fc_check_close(what, FLASHC_DTYPE_FP32, b->got, b->ref64, b->lowp, (int64_t)nq * nk);
+    return rw_dot_check("dot_rows", b, nq, nk, D, lds);
 }
 
 /* dot_rows_bf16 (bf16 rows, where the path has it) with nq columns of q in bf16
@@ -129,16 +135,7 @@ static int rw_dot_bf16(const fc_simd_ops *ops, rw_buf *b, int nq, int nk, int D)
             b->ref64[c * nk + r] = scale * s64;
             b->lowp[c * nk + r] = scale * s32;
         }
-    for (int c = 0; c < nq; c++)
-        for (int r = nk; r < lds; r++)
-            if (!isnan(b->out[c * lds + r])) {
-                fc_test_fail(__FILE__, __LINE__, "dot_rows_bf16 nq=%d nk=%d D=%d wrote s[%d][%d]",
-                             nq, nk, D, c, r);
-                return 0;
-            }
-    char what[64];
-    snprintf(what, sizeof what, "dot_rows_bf16 nq=%d nk=%d D=%d", nq, nk, D);
-    return fc_check_close(what, FLASHC_DTYPE_FP32, b->got, b->ref64, b->lowp, (int64_t)nq * nk);
+    return rw_dot_check("dot_rows_bf16", b, nq, nk, D, lds);
 }
 
 /* axpy_rows with nq columns of p, nv rows of Dv elements. */
