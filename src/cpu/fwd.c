@@ -418,6 +418,22 @@ static void fc_fwd_edge_fill(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t 
     }
 }
 
+/* The addresses of rows [j0, j0+nk) of operand v (k or v) for the tile's first
+ * kv head, in t->rowp: each row's place is found once per block (fc_kv_row:
+ * pages, varlen, cache_batch_idx), and the next head's rows are a head stride
+ * on (fc_fwd_next_head). */
+static const void **fc_fwd_head_rows(const fc_fwd_ctx *x, const fc_view *v, const fc_fwd_tile *t,
+                                     int64_t j0, int nk) {
+    for (int r = 0; r < nk; r++) t->rowp[r] = fc_fwd_kvrow(x->a, v, t, j0 + r);
+    return t->rowp;
+}
+
+/* fc_fwd_head_rows' rows moved on to the next kv head. */
+static void fc_fwd_next_head(const fc_fwd_ctx *x, const fc_view *v, int nk, const void **rows) {
+    const size_t step = (size_t)v->s_head * x->es;
+    for (int r = 0; r < nk; r++) rows[r] = (const char *)rows[r] + step;
+}
+
 /* S^T of keys [j0, j0+nk) of a narrow tile (t->rows): S = Qi Kj^T with the keys
  * across, then S^T (gemm_nn's S^T would fill nq of each vector's lanes), by the
  * table's dot_rows on K's rows where they lie (a 16-bit cache widened in
@@ -426,15 +442,14 @@ static void fc_fwd_scores_rows(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_
     const fc_attn *a = x->a;
     const fc_fwd_plan *p = x->plan;
     const int D = (int)a->head_dim, nc = t->nq / t->nkv; /* columns of one kv head */
-    fc_fwd_tile g = *t;
-    for (int c0 = 0; c0 < t->nq; c0 += nc, g.hk++) {
-        for (int r = 0; r < nk; r++) t->rowp[r] = fc_fwd_kvrow(a, &a->k, &g, j0 + r);
+    const void **rows = fc_fwd_head_rows(x, &a->k, t, j0, nk);
+    for (int c0 = 0, g = 0; c0 < t->nq; c0 += nc, g++) {
+        if (g) fc_fwd_next_head(x, &a->k, nk, rows);
         if (p->rows_dot)
-            x->ops->dot_rows_bf16(nk, D, t->rowp, (const uint32_t *)t->qt + (size_t)c0 * p->ldq2,
+            x->ops->dot_rows_bf16(nk, D, rows, (const uint32_t *)t->qt + (size_t)c0 * p->ldq2,
                                   p->ldq2, nc, t->sr, p->Bc, x->qmul);
         else
-            x->ops->dot_rows(a->dtype, nk, D, t->rowp, t->qt + (size_t)c0 * D, D, nc, t->sr,
-                             p->Bc);
+            x->ops->dot_rows(a->dtype, nk, D, rows, t->qt + (size_t)c0 * D, D, nc, t->sr, p->Bc);
         for (int r = 0; r < nk; r++)
             for (int c = 0; c < nc; c++)
                 t->st[(size_t)r * p->ldq + c0 + c] = t->sr[(size_t)c * p->Bc + r];
@@ -642,10 +657,10 @@ static void fc_fwd_pv_rows(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0
     const fc_attn *a = x->a;
     const fc_fwd_plan *p = x->plan;
     const int nc = t->nq / t->nkv; /* columns of one kv head */
-    fc_fwd_tile g = *t;
-    for (int c0 = 0; c0 < t->nq; c0 += nc, g.hk++) {
-        for (int r = 0; r < nk; r++) t->rowp[r] = fc_fwd_kvrow(a, &a->v, &g, j0 + r);
-        x->ops->axpy_rows(a->dtype, nk, (int)a->head_dim_v, t->rowp, t->st + c0, p->ldq, nc,
+    const void **rows = fc_fwd_head_rows(x, &a->v, t, j0, nk);
+    for (int c0 = 0, g = 0; c0 < t->nq; c0 += nc, g++) {
+        if (g) fc_fwd_next_head(x, &a->v, nk, rows);
+        x->ops->axpy_rows(a->dtype, nk, (int)a->head_dim_v, rows, t->st + c0, p->ldq, nc,
                           t->o + (size_t)c0 * p->ldd, p->ldd);
     }
 }

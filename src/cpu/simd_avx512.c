@@ -26,10 +26,13 @@
  * vpmuludq on the even and odd lanes.
  *
  * Decode's row ops (narrow tiles of at most 8 query columns, fwd.c): dot_rows
- * takes one dot product per (K row, query column), axpy_rows adds each V row,
- * scaled by its P, to the columns' rows of O with NQ x W accumulators in
- * registers. Both read the rows where they lie, fp16 widened by vcvtph2ps and
- * bf16 by a shift, so a 16-bit cache is never copied to fp32.
+ * takes one dot product per (K row, query column), 16 / NQ rows at a time in 16
+ * accumulators summed together by a transpose-and-add tree (fc_hsum16);
+ * axpy_rows adds each V row, scaled by its P, to the columns' rows of O with
+ * NQ x W accumulators in registers. Both read the rows where they lie, fp16
+ * widened by vcvtph2ps and bf16 by a shift (axpy_rows: a shift for the even
+ * elements and a mask for the odd of 32), so a 16-bit cache is never copied
+ * to fp32.
  *
  * Not here: attention itself (src/cpu/fwd.c and bwd.c own the algorithm).
  */
@@ -693,30 +696,84 @@ static inline __m512 fc_widen16(flashc_dtype dt, const void *p, int d, __mmask16
     default: break;                                                                                \
     }
 
+/* The sums of a[0..15]'s lanes, in lanes 0..15: a transpose-and-add tree, 15
+ * adds and 30 shuffles for 16 sums (a reduce per row takes 4 adds, 4
+ * shuffles and a chain of their latencies). */
+static inline __attribute__((always_inline)) __m512 fc_hsum16(const __m512 *a) {
+    __m512 b[8], c[4], d[2];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) /* lane L: (a[2i] L0+L2, a[2i+1] L0+L2, a[2i] L1+L3, a[2i+1] L1+L3) */
+        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                             _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) { /* lane L: the lane-L sums of a[4i .. 4i+3] */
+        __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+        c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) /* (c[2i] L0+L2, L1+L3, c[2i+1] L0+L2, L1+L3) */
+        d[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* Rows [r0, r0+R) of krows, the last row standing in past nk (its sums are not
+ * stored). */
+static inline __attribute__((always_inline)) void fc_rows_group(const int R, const void *const *krows,
+                                                                int r0, int nk, const void **rows) {
+#pragma GCC unroll 16
+    for (int i = 0; i < R; i++) rows[i] = krows[r0 + i < nk ? r0 + i : nk - 1];
+}
+
+/* The sums of a group of R = 16 / NQ rows against NQ columns (fc_hsum16: lane
+ * r * NQ + c for row r, column c) into s[c * lds + r0 + r] for the group's rows
+ * below nk, times scale. */
+static inline __attribute__((always_inline)) void
+fc_dot_store(const int NQ, const int R, const __m512 *acc, int r0, int nk, float *s, int lds,
+             float scale) {
+    __m512 sums = _mm512_mul_ps(_mm512_set1_ps(scale), fc_hsum16(acc));
+    const int n = nk - r0 < R ? nk - r0 : R;
+    if (NQ == 1) {
+        _mm512_mask_storeu_ps(s + r0, fc_mask(n), sums);
+        return;
+    }
+    float lanes[16];
+    _mm512_storeu_ps(lanes, sums);
+    for (int r = 0; r < n; r++)
+#pragma GCC unroll 8
+        for (int c = 0; c < NQ; c++) s[(size_t)c * lds + r0 + r] = lanes[r * NQ + c];
+}
+
+/* Rows by groups of R = 16 / NQ: the group's R x NQ sums in 16 independent
+ * accumulators (the rest 0), each K vector loaded once for the NQ columns,
+ * and the 16 summed at once by fc_hsum16. */
 static inline __attribute__((always_inline)) void
 fc_dot_rows_nq(const int NQ, flashc_dtype dt, int nk, int D, const void *const *krows,
                const float *q, int ldq, float *s, int lds) {
+    const int R = 16 / NQ;
     const __mmask16 tail = (__mmask16)((1u << (D & 15)) - 1u);
-    for (int r = 0; r < nk; r++) {
-        __m512 acc[8];
+    for (int r0 = 0; r0 < nk; r0 += R) {
+        const void *rows[16];
+        fc_rows_group(R, krows, r0, nk, rows);
+        __m512 acc[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+        for (int d = 0; d < D; d += 16) {
+            const __mmask16 m = d + 16 <= D ? (__mmask16)0xffff : tail;
+            __m512 qv[8];
 #pragma GCC unroll 8
-        for (int c = 0; c < NQ; c++) acc[c] = _mm512_setzero_ps();
-        int d = 0;
-        for (; d + 16 <= D; d += 16) {
-            __m512 k = fc_widen16(dt, krows[r], d, (__mmask16)0xffff);
+            for (int c = 0; c < NQ; c++) qv[c] = _mm512_maskz_loadu_ps(m, q + (size_t)c * ldq + d);
+#pragma GCC unroll 16
+            for (int r = 0; r < R; r++) {
+                __m512 k = fc_widen16(dt, rows[r], d, m);
 #pragma GCC unroll 8
-            for (int c = 0; c < NQ; c++)
-                acc[c] = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)c * ldq + d), k, acc[c]);
+                for (int c = 0; c < NQ; c++)
+                    acc[r * NQ + c] = _mm512_fmadd_ps(qv[c], k, acc[r * NQ + c]);
+            }
         }
-        if (d < D) {
-            __m512 k = fc_widen16(dt, krows[r], d, tail);
-#pragma GCC unroll 8
-            for (int c = 0; c < NQ; c++)
-                acc[c] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q + (size_t)c * ldq + d), k,
-                                         acc[c]);
-        }
-#pragma GCC unroll 8
-        for (int c = 0; c < NQ; c++) s[(size_t)c * lds + r] = _mm512_reduce_add_ps(acc[c]);
+        fc_dot_store(NQ, R, acc, r0, nk, s, lds, 1.0f);
     }
 }
 
@@ -725,37 +782,38 @@ static void fc_avx512_dot_rows(flashc_dtype dt, int nk, int D, const void *const
     FC_SWITCH_NQ(nq, fc_dot_rows_nq, dt, nk, D, krows, q, ldq, s, lds)
 }
 
+/* fc_dot_rows_nq on bf16 dot products: 32 elements of a row per vdpbf16ps. */
 static inline __attribute__((always_inline)) void
 fc_dot_rows_bf16_nq(const int NQ, int nk, int D, const void *const *krows, const uint32_t *q2,
                     int ldq2, float *s, int lds, float scale) {
+    const int R = 16 / NQ;
     /* the tail: D % 32 elements of K (a masked load, so no element past D is
      * read), and the pairs of q that hold them */
     const int dt = D / 32 * 32, rest = D - dt;
     const __mmask32 mk = rest ? (__mmask32)((1u << rest) - 1u) : 0;
     const __mmask16 mq = fc_mask((rest + 1) / 2);
-    for (int r = 0; r < nk; r++) {
-        const uint16_t *k = (const uint16_t *)krows[r];
-        __m512 acc[8];
-#pragma GCC unroll 8
-        for (int c = 0; c < NQ; c++) acc[c] = _mm512_setzero_ps();
-        for (int d = 0; d < dt; d += 32) {
-            __m512bh kv = (__m512bh)_mm512_loadu_si512((const void *)(k + d));
-#pragma GCC unroll 8
-            for (int c = 0; c < NQ; c++)
-                acc[c] = _mm512_dpbf16_ps(
-                    acc[c], kv,
-                    (__m512bh)_mm512_loadu_si512((const void *)(q2 + (size_t)c * ldq2 + d / 2)));
-        }
-        if (rest) {
-            __m512bh kv = (__m512bh)_mm512_maskz_loadu_epi16(mk, k + dt);
+    for (int r0 = 0; r0 < nk; r0 += R) {
+        const void *rows[16];
+        fc_rows_group(R, krows, r0, nk, rows);
+        __m512 acc[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+        for (int d = 0; d < D; d += 32) {
+            const __mmask32 km = d < dt ? (__mmask32)0xffffffffu : mk;
+            const __mmask16 qm = d < dt ? (__mmask16)0xffff : mq;
+            __m512bh qv[8];
 #pragma GCC unroll 8
             for (int c = 0; c < NQ; c++)
-                acc[c] = _mm512_dpbf16_ps(
-                    acc[c], kv,
-                    (__m512bh)_mm512_maskz_loadu_epi32(mq, q2 + (size_t)c * ldq2 + dt / 2));
-        }
+                qv[c] = (__m512bh)_mm512_maskz_loadu_epi32(qm, q2 + (size_t)c * ldq2 + d / 2);
+#pragma GCC unroll 16
+            for (int r = 0; r < R; r++) {
+                __m512bh k = (__m512bh)_mm512_maskz_loadu_epi16(km, (const uint16_t *)rows[r] + d);
 #pragma GCC unroll 8
-        for (int c = 0; c < NQ; c++) s[(size_t)c * lds + r] = scale * _mm512_reduce_add_ps(acc[c]);
+                for (int c = 0; c < NQ; c++)
+                    acc[r * NQ + c] = _mm512_dpbf16_ps(acc[r * NQ + c], k, qv[c]);
+            }
+        }
+        fc_dot_store(NQ, R, acc, r0, nk, s, lds, scale);
     }
 }
 
@@ -803,6 +861,55 @@ fc_axpy_pass(const int NQ, const int W, flashc_dtype dt, int nv, const void *con
  * pass at NQ = 1). The widest W keeps NQ x W <= 16 accumulators (with the NQ
  * broadcasts and one widened vector, inside the 32 zmm registers). Only the
  * vector that ends Dv is masked. */
+/* fc_axpy_pass for bf16 rows, elements [d, d + 32 W) in W chunks of 32: a chunk
+ * is one load, its even elements widened by a shift and its odd ones by a mask
+ * (two operations for 32 elements, against four for two vpmovzxwd and their
+ * shifts), each half with its own accumulator; O's chunk is split into its even
+ * and odd elements on the way in and interleaved again on the way out. */
+static inline __attribute__((always_inline)) void
+fc_axpy_bf16_pass(const int NQ, const int W, int nv, const void *const *vrows, int d,
+                  const float *p, int ldp, float *o, int ldo) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+    const __m512i high_half = _mm512_set1_epi32((int)0xffff0000u);
+    __m512 acc[8][16];
+#pragma GCC unroll 8
+    for (int c = 0; c < NQ; c++)
+#pragma GCC unroll 8
+        for (int w = 0; w < W; w++) {
+            const float *oc = o + (size_t)c * ldo + d + 32 * w;
+            __m512 a = _mm512_loadu_ps(oc), b = _mm512_loadu_ps(oc + 16);
+            acc[c][2 * w] = _mm512_permutex2var_ps(a, even, b);
+            acc[c][2 * w + 1] = _mm512_permutex2var_ps(a, odd, b);
+        }
+    for (int r = 0; r < nv; r++) {
+        __m512 pr[8];
+#pragma GCC unroll 8
+        for (int c = 0; c < NQ; c++) pr[c] = _mm512_set1_ps(p[(size_t)r * ldp + c]);
+#pragma GCC unroll 8
+        for (int w = 0; w < W; w++) {
+            __m512i x = _mm512_loadu_si512((const void *)((const uint16_t *)vrows[r] + d + 32 * w));
+            __m512 ve = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+            __m512 vo = _mm512_castsi512_ps(_mm512_and_si512(x, high_half));
+#pragma GCC unroll 8
+            for (int c = 0; c < NQ; c++) {
+                acc[c][2 * w] = _mm512_fmadd_ps(pr[c], ve, acc[c][2 * w]);
+                acc[c][2 * w + 1] = _mm512_fmadd_ps(pr[c], vo, acc[c][2 * w + 1]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < NQ; c++)
+#pragma GCC unroll 8
+        for (int w = 0; w < W; w++) {
+            float *oc = o + (size_t)c * ldo + d + 32 * w;
+            _mm512_storeu_ps(oc, _mm512_permutex2var_ps(acc[c][2 * w], lo, acc[c][2 * w + 1]));
+            _mm512_storeu_ps(oc + 16, _mm512_permutex2var_ps(acc[c][2 * w], hi, acc[c][2 * w + 1]));
+        }
+}
+
 static inline __attribute__((always_inline)) void
 fc_axpy_rows_nq(const int NQ, flashc_dtype dt, int nv, int Dv, const void *const *vrows,
                 const float *p, int ldp, float *o, int ldo) {
@@ -810,6 +917,14 @@ fc_axpy_rows_nq(const int NQ, flashc_dtype dt, int nv, int Dv, const void *const
     const int nvec = (Dv + 15) / 16;
     const __mmask16 tail = fc_mask(Dv - 16 * (nvec - 1));
     int v = 0;
+    if (dt == FLASHC_DTYPE_BF16) { /* whole chunks of 32 by halves, the rest below */
+#define FC_AXPY_BF16_STEP_(W)                                                                      \
+    if (2 * (W) <= Wmax)                                                                           \
+        for (; Dv - 16 * v >= 32 * (W); v += 2 * (W))                                              \
+            fc_axpy_bf16_pass(NQ, (W), nv, vrows, 16 * v, p, ldp, o, ldo);
+        FC_AXPY_BF16_STEP_(8) FC_AXPY_BF16_STEP_(4) FC_AXPY_BF16_STEP_(2) FC_AXPY_BF16_STEP_(1)
+#undef FC_AXPY_BF16_STEP_
+    }
 #define FC_AXPY_STEP_(W)                                                                           \
     if ((W) <= Wmax)                                                                               \
         for (; nvec - v >= (W); v += (W))                                                          \
