@@ -1,11 +1,13 @@
-/* test_small.c : the CPU forward's small-call path (fwd.c FC_FWD_INLINE_WORK:
- * below it the calling thread runs every task, no worker is woken) and its
- * narrow tiles (decode: FC_FWD_ROW_NQ columns or fewer compute Q K^T by rows).
+/* test_small.c : the CPU forward's small-call path (fwd.c FC_FWD_INLINE_WORK,
+ * and FC_FWD_INLINE_KV_BYTES for decode shapes: below them the calling thread
+ * runs every task, no worker is woken) and its narrow tiles (decode:
+ * FC_FWD_ROW_NQ columns or fewer compute Q K^T by rows).
  *
  * Each case is one problem, decode-shaped (Sq 1..16, GQA groups packed into
  * one task) or causal, of flashc_fwd, flashc_varlen_fwd or flashc_fwd_kvcache
- * over a paged cache with an append, with few keys (under the threshold) or
- * enough keys to be threaded. It runs with 1 thread and with 3: out and lse
+ * over a paged cache with an append, with few keys (under the thresholds) or
+ * enough keys to be threaded (4200 for the decode shapes, whose K and V must
+ * reach 4 MiB). It runs with 1 thread and with 3: out and lse
  * must be bitwise equal (the algorithm does not depend on the thread count,
  * so the inline path and the pool's agree to the bit), and the launch line of
  * the 3-thread run must say threads=1 under the threshold and threads=3 above
@@ -81,7 +83,8 @@ static void sm_make(const sm_case *c, th_arena *ar, sm_prob *p) {
         /* a paged cache of Sk rows per sequence, pages in reverse order, holding
            Sk - 1 - b rows before one new row is appended */
         int64_t per = (Sk + SM_PAGE - 1) / SM_PAGE, pages = B * per;
-        int32_t table[64], lens[8];
+        int32_t *table = th_keep(ar, malloc((size_t)pages * sizeof *table)), lens[8];
+        FC_ASSERT_TRUE(table != NULL);
         for (int64_t i = 0; i < pages; i++) table[i] = (int32_t)(pages - 1 - i);
         for (int b = 0; b < c->B; b++) lens[b] = c->Sk - 1 - b;
         int64_t cs[4] = {pages, SM_PAGE, Hk, D}, ns[4] = {B, 1, Hk, D};
@@ -172,10 +175,13 @@ static void sm_add(sm_entry e, flashc_dtype dt, int B, int Sq, int Sk, int H, in
     if (sm_ncases == SM_MAX) return; /* table full: grow SM_MAX */
     sm_case *c = &sm_cases[sm_ncases++];
     *c = (sm_case){e, dt, B, Sq, Sk, H, Hk, D, causal, 0};
-    /* fwd.c's estimate: B H Sq Sk (D + Dv) multiply-adds against 2^18; a paged
-       cache counts its block_table's rows */
+    /* fwd.c's rules: B H Sq Sk (D + Dv) multiply-adds against 2^18, and for a
+       decode shape (Sq G <= 8) B Sk Hk (D + Dv) bytes of K and V against 4 MiB;
+       a paged cache counts its block_table's rows */
     int64_t sk = e == SM_KVCACHE ? (Sk + SM_PAGE - 1) / SM_PAGE * SM_PAGE : Sk;
-    c->threaded = (double)B * H * Sq * sk * (2.0 * D) >= 262144.0;
+    double kv_bytes = (double)B * sk * Hk * (2.0 * D) * (double)flashc_dtype_size(dt);
+    c->threaded = (double)B * H * Sq * sk * (2.0 * D) >= 262144.0 &&
+                  !(Sq * (H / Hk) <= 8 && kv_bytes < 4194304.0);
 }
 
 FC_TEST_REGISTER(small) {
@@ -187,7 +193,8 @@ FC_TEST_REGISTER(small) {
         for (int s = 0; s < 6; s++)
             for (int big = 0; big < 2; big++) {
                 int Sq = shapes[s][0], G = shapes[s][1], Hk = 2;
-                sm_add(entries[e], dts[(e + s + big) % 2], 2, Sq, big ? 300 : 20, G * Hk, Hk,
+                int Sk = !big ? 20 : Sq * G <= 8 ? 4200 : 300;
+                sm_add(entries[e], dts[(e + s + big) % 2], 2, Sq, Sk, G * Hk, Hk,
                        64 + 64 * ((s + big) % 2), (e + s) % 2);
             }
     /* causal prefill around the threshold: the diagonal strips of fwd.c */

@@ -184,6 +184,13 @@ static double fc_fwd_work(const fc_attn *a) {
  * bench/NOTES.md (CPU small calls) has the measurement. */
 #define FC_FWD_INLINE_WORK 262144.0
 
+/* A decode-shaped call (at most FC_FWD_ROW_NQ query rows of all the heads of a
+ * kv head) streams K and V once; below this many bytes of them it runs on the
+ * calling thread too. 1 query, 8 heads, D 64, bf16, on the 2-core Intel VM:
+ * two threads lost up to 2k keys (4 MiB; 1k keys: 0.08 ms on one, 0.10-0.17 on
+ * two) and won from 4k (0.42 against 0.33-0.36); bench/NOTES.md. */
+#define FC_FWD_INLINE_KV_BYTES 4194304.0
+
 /* The bf16 dot-product kernels of the active path, when they apply. */
 static int fc_fwd_use_dot(const fc_attn *a, const fc_simd_ops *ops) {
     return a->dtype == FLASHC_DTYPE_BF16 && ops->gemm_bf16_nn && ops->gemm_bf16_tn &&
@@ -245,7 +252,13 @@ static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_pl
         [FC_FWD_ROWP] = 2 * Bc * sizeof(const void *),
     };
     p->thread_bytes = fc_ws_layout(FC_FWD_NBUF, sizes, p->buf);
-    p->nthreads = fc_fwd_work(a) < FC_FWD_INLINE_WORK ? 1 : fc_cpu_num_threads();
+    double kv_bytes = (double)a->batch * (double)a->max_seqlen_k * (double)a->kv_heads *
+                      (double)(a->head_dim + a->head_dim_v) * (double)flashc_dtype_size(a->dtype);
+    int decode = a->max_seqlen_q * (a->heads / a->kv_heads) <= FC_FWD_ROW_NQ;
+    p->nthreads = fc_fwd_work(a) < FC_FWD_INLINE_WORK ||
+                          (decode && kv_bytes < FC_FWD_INLINE_KV_BYTES)
+                      ? 1
+                      : fc_cpu_num_threads();
     p->kvg = a->batch * a->kv_heads / p->nthreads;
     size_t regions[2] = {(size_t)(a->batch + 1) * sizeof(int64_t),
                          (size_t)p->nthreads * p->thread_bytes};
