@@ -37,7 +37,9 @@
  *   256 bytes (FLASHC_WORKSPACE_ALIGN). A size of 0 means none is needed. Passing
  *   workspace = NULL with workspace_bytes = 0 when some is needed makes the library
  *   take it from the allocator (flashc_set_allocator, default malloc) for the
- *   duration of the call: the convenience path.
+ *   duration of the call: the convenience path. The size follows the call's
+ *   shapes and, on the CPU, its sequence lengths (cache_seqlens included, which
+ *   set the thread count): ask again when they change.
  * - CUDA calls are asynchronous, ordered on params.stream, and never synchronise
  *   inside the op.
  * - Integer tensors (cu_seqlens, block_table, cache_seqlens, ...) are int32.

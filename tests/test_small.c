@@ -197,6 +197,14 @@ FC_TEST_REGISTER(small) {
                 sm_add(entries[e], dts[(e + s + big) % 2], 2, Sq, Sk, G * Hk, Hk,
                        64 + 64 * ((s + big) % 2), (e + s) % 2);
             }
+    /* decode around the 4 MiB of K and V (2^18 multiply-adds passed either way):
+       1000 keys inline, 4200 threaded (above) */
+    sm_add(SM_FWD, FLASHC_DTYPE_FP32, 2, 1, 1000, 2, 2, 64, 0);
+    /* one query head per kv head: fewer than 16 kv heads run head by head
+       (fwd.c fc_fwd_rows_block), 12 of them in one task on one thread, 4 on
+       three; 16 and more by columns, whose tasks on three threads hold 10 */
+    sm_add(SM_KVCACHE, FLASHC_DTYPE_FP32, 1, 1, 1000, 12, 12, 64, 1);
+    sm_add(SM_FWD, FLASHC_DTYPE_FP32, 2, 1, 4200, 16, 16, 64, 0);
     /* causal prefill around the threshold: the diagonal strips of fwd.c */
     sm_add(SM_FWD, FLASHC_DTYPE_FP32, 1, 24, 24, 2, 1, 64, 1);
     sm_add(SM_FWD, FLASHC_DTYPE_BF16, 1, 300, 300, 2, 1, 64, 1);

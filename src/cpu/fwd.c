@@ -147,7 +147,7 @@ enum {
     FC_FWD_ALPHA, /* (ldq)      exp2(m_old - m_new) of the last block */
     FC_FWD_LSE2,  /* (ldq)      m + log2 l, for attn_probs */
     FC_FWD_SR,    /* (FC_FWD_ROW_NQ, Bc) S of a narrow tile, queries down */
-    FC_FWD_ROWP,  /* (Bc) addresses of Kj's or Vj's rows for a narrow tile's row ops */
+    FC_FWD_ROWP,  /* (2 Bc) addresses of Kj's and Vj's rows for a narrow tile's row ops */
     FC_FWD_NBUF
 };
 
@@ -685,9 +685,12 @@ static void fc_fwd_pv_rows(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0
  * per head), dropout, and Oi's row += P Vj by axpy_rows. The columns' path's
  * arithmetic but for alpha, here exp2f's. 1 query, 8 heads, one thread, this
  * Intel VM: 4k keys D 64 bf16 0.45 -> 0.41 ms, fp32 0.68 -> 0.64; 32k keys of
- * one head 0.66 -> 0.48. Only below FC_FWD_BY_HEAD columns: from 16 on,
- * softmax_cols fills whole vectors and the per-head calls cost more (32 heads,
- * D 128, 2k keys: 1.45 -> 1.60 ms by head; bench/NOTES.md). */
+ * one head 0.66 -> 0.48. Only for fewer than FC_FWD_BY_HEAD kv heads: from 16
+ * on, softmax_cols fills whole vectors and the per-head calls cost more (32
+ * heads, D 128, 2k keys: 1.45 -> 1.60 ms by head; bench/NOTES.md). The choice
+ * is the problem's, not the task's (whose heads depend on the thread count and
+ * the batch), so that the result does not depend on either: the two paths
+ * round alpha and sum l differently. */
 enum { FC_FWD_BY_HEAD = 16 };
 
 static void fc_fwd_rows_block(const fc_fwd_ctx *x, fc_fwd_tile *t, int64_t j0, int nk, int edge) {
@@ -916,7 +919,7 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
             fc_fwd_qdown_block(x, &t, j0, nk, edge);
             continue;
         }
-        if (t.rows && t.nq == t.nkv && t.nq < FC_FWD_BY_HEAD) {
+        if (t.rows && t.nq == t.nkv && a->kv_heads < FC_FWD_BY_HEAD) {
             fc_fwd_rows_block(x, &t, j0, nk, edge);
             continue;
         }

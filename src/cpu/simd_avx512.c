@@ -856,11 +856,6 @@ fc_axpy_pass(const int NQ, const int W, flashc_dtype dt, int nv, const void *con
                                   w == W - 1 ? last : (__mmask16)0xffff, acc[c][w]);
 }
 
-/* Dv in passes of W vectors, W a power of two: as many passes of the widest W
- * as fit, then at most one of each narrower W (so 8 vectors, Dv = 128, are one
- * pass at NQ = 1). The widest W keeps NQ x W <= 16 accumulators (with the NQ
- * broadcasts and one widened vector, inside the 32 zmm registers). Only the
- * vector that ends Dv is masked. */
 /* fc_axpy_pass for bf16 rows, elements [d, d + 32 W) in W chunks of 32: a chunk
  * is one load, its even elements widened by a shift and its odd ones by a mask
  * (two operations for 32 elements, against four for two vpmovzxwd and their
@@ -910,6 +905,12 @@ fc_axpy_bf16_pass(const int NQ, const int W, int nv, const void *const *vrows, i
         }
 }
 
+/* Dv in passes of W vectors, W a power of two: as many passes of the widest W
+ * as fit, then at most one of each narrower W (so 8 vectors, Dv = 128, are one
+ * pass at NQ = 1). The widest W keeps NQ x W <= 16 accumulators (with the NQ
+ * broadcasts and one widened vector, inside the 32 zmm registers). Only the
+ * vector that ends Dv is masked. bf16 rows take whole chunks of 32 by
+ * fc_axpy_bf16_pass first. */
 static inline __attribute__((always_inline)) void
 fc_axpy_rows_nq(const int NQ, flashc_dtype dt, int nv, int Dv, const void *const *vrows,
                 const float *p, int ldp, float *o, int ldo) {
