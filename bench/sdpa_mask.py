@@ -5,9 +5,10 @@ mask object: HF transformers passes one mask to every layer, a new one every ste
     FLASHC_LIBRARY=/tmp/b/libflashc.so PYTHONPATH=python .venv/bin/python bench/sdpa_mask.py \\
         --seqlen 4096 --device cpu --threads 1
 
-Masks of shape (batch, 1, S, S), as HF transformers passes them: bool causal with 100 left-padded
-keys, bool key padding only (100 keys), and bf16 causal with 100 right-padded keys filled with the
-dtype's minimum (HF's additive mask). Prints one CSV row per mask: the best of --reps calls in
+Masks of shape (batch, 1, S, S), as HF transformers passes them: bool causal with left-padded
+keys, bool key padding only, and bf16 causal with right-padded keys filled with the dtype's
+minimum (HF's additive mask); batch b has 100 * (b + 1) padded keys (with --batch 1, the
+calls run on slices of q, k and v; with more, on gathered rows). Prints one CSV row per mask: the best of --reps calls in
 milliseconds (on CUDA with a device synchronisation around each call) and the calls of the plan
 (or the fallback reason). Heads do not matter: the mask has one.
 
@@ -15,7 +16,8 @@ With --heads H (and --headdim D), also the whole forward call, bf16 (B, H, S, D)
 value under each mask: torch's own scaled_dot_product_attention with the mask ("torch_ms"),
 the same call under flashc.sdpa.route() with the mask seen for the first time ("route_ms":
 the reading above plus flashc's calls; a new mask each time) and with the mask seen before
-("route_cached_ms": what the other layers of an HF step pay).
+("route_cached_ms": what the other layers of an HF step pay), and the routed call with no
+mask and is_causal=True ("route_causal_ms": what the route costs without a mask to read).
 """
 import argparse
 import time
@@ -29,9 +31,10 @@ def masks(batch, s, device):
     i, j = torch.arange(s)[:, None], torch.arange(s)
     causal = j <= i
     left = torch.ones(batch, s, dtype=torch.bool)
-    left[:, :100] = False
     right = torch.ones(batch, s, dtype=torch.bool)
-    right[:, -100:] = False
+    for b in range(batch):
+        left[b, :100 * (b + 1)] = False
+        right[b, s - 100 * (b + 1):] = False
     fill = torch.finfo(torch.bfloat16).min
     hf = torch.zeros(batch, 1, s, s, dtype=torch.bfloat16).masked_fill(
         ~(causal & right[:, None, :])[:, None], fill)
@@ -65,7 +68,8 @@ def main():
             best = min(best, time.perf_counter() - t)
         return 1e3 * best
 
-    print("mask,batch,seqlen,ms,plan" + (",heads,headdim,torch_ms,route_ms,route_cached_ms"
+    print("mask,batch,seqlen,ms,plan" + (",heads,headdim,torch_ms,route_ms,route_cached_ms,"
+                                         "route_causal_ms"
                                          if a.heads else ""))
     for name, m in masks(a.batch, a.seqlen, a.device).items():
         plan = sdpa._plan_of(m, a.batch, a.seqlen, a.seqlen)
@@ -80,12 +84,13 @@ def main():
 
             def routed(mask):
                 with sdpa.route() as r:
-                    sdpa_fn(q, k, v, attn_mask=mask)
+                    sdpa_fn(q, k, v, attn_mask=mask, is_causal=mask is None)
                 assert r.routed == 1, r.fallbacks
 
             routed(m)  # warm-up: flashc's first call on this device
             times = [best_ms(lambda _: sdpa_fn(q, k, v, attn_mask=m)),
-                     best_ms(routed, m.clone), best_ms(lambda _: routed(m))]
+                     best_ms(routed, m.clone), best_ms(lambda _: routed(m)),
+                     best_ms(routed)]
             row += ",%d,%d,%s" % (a.heads, a.headdim, ",".join("%.2f" % x for x in times))
         print(row)
 

@@ -162,10 +162,13 @@ def _shape_reason(query, key, value, enable_gqa):
 #       keys [kstart, i1 + off), whose bottom-right corner is that diagonal;
 #   rows [i1, Sq): every key of [kstart, kend): one flashc call without causal (right
 #       padding's padded queries under a causal mask; every row of a padding-only mask).
-# Each call gathers its rows and keys of every batch into one flash_attn_varlen_func call,
-# so no padded key reaches the kernels; the outputs are scattered back.
-_Call = collections.namedtuple("_Call", "causal q_batch q_row k_batch k_row cu_q cu_k max_q "
-                                        "max_k")
+# Where every batch has the same rows and keys (one batch; a mask broadcast over the batch),
+# a call is one flash_attn_func on slices of q, k and v (span: rows [r0, r1), keys [k0, k1)),
+# nothing copied; else it gathers its rows and keys of every batch into one
+# flash_attn_varlen_func call (the index and cu fields), so no padded key reaches the
+# kernels, and its output is scattered back.
+_Call = collections.namedtuple("_Call", "causal span q_batch q_row k_batch k_row cu_q cu_k "
+                                        "max_q max_k")
 _mask_cache = []  # [(weakref to the mask, its _version, the call's key, plan or reason)]
 
 
@@ -205,6 +208,7 @@ def _calls(starts, ends, off, sq):
             i0 = min(max(lo - off, 0), sq)
             i1 = min(max(hi - off, i0), sq)
         bounds.append((lo, hi, i0, i1))
+    uniform = len(set(bounds)) == 1  # every batch the same rows and keys: spans
     calls = []
     for causal in (True, False):
         # per batch: query rows [r0, r1), keys [k0, k1)
@@ -212,12 +216,16 @@ def _calls(starts, ends, off, sq):
                  for lo, hi, i0, i1 in bounds]
         spans = [s if s[1] > s[0] else (0, 0, 0, 0) for s in spans]
         lens_q, lens_k = [s[1] - s[0] for s in spans], [s[3] - s[2] for s in spans]
-        if sum(lens_q):
-            cu_q, cu_k = (torch.tensor([0] + list(itertools.accumulate(n)), dtype=torch.int32)
-                          for n in (lens_q, lens_k))
-            calls.append(_Call(causal, *_index([s[:2] for s in spans]),
-                               *_index([s[2:] for s in spans]), cu_q, cu_k, max(lens_q),
-                               max(lens_k)))
+        if not sum(lens_q):
+            continue
+        if uniform:
+            calls.append(_Call(causal, spans[0], *(None,) * 6, lens_q[0], lens_k[0]))
+            continue
+        cu_q, cu_k = (torch.tensor([0] + list(itertools.accumulate(n)), dtype=torch.int32)
+                      for n in (lens_q, lens_k))
+        calls.append(_Call(causal, None, *_index([s[:2] for s in spans]),
+                           *_index([s[2:] for s in spans]), cu_q, cu_k, max(lens_q),
+                           max(lens_k)))
     return calls
 
 
@@ -393,9 +401,26 @@ def _flashc_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
 
 def _masked_sdpa(q, k, v, calls, dropout_p, scale, deterministic):
     """SDPA under a mask of _mask_plan's calls on q (B, Sq, H, D), k, v (B, Sk, Hk, D):
-    each call's rows and keys gathered into one flash_attn_varlen_func call, its output
-    scattered back; rows no call has (no key) are 0. Returns (B, H, Sq, D)."""
-    out = q.new_zeros(q.shape[:3] + v.shape[3:])
+    a call with a span runs flash_attn_func on slices; any other call's rows and keys are
+    gathered into one flash_attn_varlen_func call and its output scattered back; rows no
+    call has (no key) are 0. Returns (B, H, Sq, D)."""
+    shape = q.shape[:3] + v.shape[3:]
+    if not calls:  # no key at all: flashc's call without keys, out 0 and zero gradients
+        calls = [_Call(False, (0, shape[1], 0, 0), *(None,) * 6, shape[1], 0)]
+    if all(c.span for c in calls):  # (_calls gives every call a span or none)
+        parts, row = [], 0  # the parts in row order, the rows between them 0
+        for c in sorted(calls, key=lambda c: c.span[0]):
+            r0, r1, k0, k1 = c.span
+            if r0 > row:
+                parts.append(q.new_zeros(shape[:1] + (r0 - row,) + shape[2:]))
+            parts.append(interface.flash_attn_func(
+                q[:, r0:r1], k[:, k0:k1], v[:, k0:k1], dropout_p, scale, c.causal,
+                deterministic=deterministic))
+            row = r1
+        if row < shape[1]:
+            parts.append(q.new_zeros(shape[:1] + (shape[1] - row,) + shape[2:]))
+        return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).transpose(1, 2)
+    out = q.new_zeros(shape)
     for c in calls:
         part = interface.flash_attn_varlen_func(
             q[c.q_batch, c.q_row], k[c.k_batch, c.k_row], v[c.k_batch, c.k_row], c.cu_q, c.cu_k,

@@ -176,14 +176,19 @@ MASK_FORMS = ["pad-right", "pad-left", "causal-tl", "causal-br", "pad-left-causa
 @pytest.mark.parametrize("shape", MASK_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("form", MASK_FORMS)
 @pytest.mark.parametrize("kind", ["bool", "inf", "min"])
-def test_masked(device, dtype, shape, form, kind):
+@pytest.mark.parametrize("batches", ["each", "shared"])
+def test_masked(device, dtype, shape, form, kind, batches):
     """Each mask form, bool or additive, runs on flashc, out and gradients against torch's
     SDPA in float64 with the same mask (fully masked rows: 0, as torch gives); a mask
     filled with the dtype's minimum that has a fully masked row falls back (torch's SDPA
-    gives it a softmax over every key)."""
+    gives it a softmax over every key). Each batch its own keys ("each": the calls gather
+    rows) or one (1, 1, Sq, Sk) padding mask for all ("shared": the calls run on slices)."""
     dt = DT[dtype]
     b, hq, hk, sq, sk, d = shape
-    bool_mask = make_mask(form, b, sq, sk, device)
+    if batches == "shared" and not form.startswith("pad"):
+        pytest.skip("a causal mask alone is shared by every batch already")
+    bool_mask = make_mask(form, b, sq, sk, device) if batches == "each" else \
+        make_mask(form, 2, sq, sk, device)[1:]  # (key_lens' second: half the keys)
     mask = as_kind(bool_mask, kind, dt)
     kw = dict(attn_mask=mask, enable_gqa=hq != hk)
     inputs = [rand(b, h, s, d, device=device, dtype=dt, seed=i + 60)
@@ -201,18 +206,22 @@ def test_masked(device, dtype, shape, form, kind):
         *t, mask=bool_mask, lowp=True))
 
 
-def test_masked_all_keys_masked():
+@pytest.mark.parametrize("masked", [1, 2], ids=["one_batch", "every_batch"])
+def test_masked_all_keys_masked(masked):
     """A batch whose every key is masked gets out 0 and zero gradients (torch's answer);
-    the other batches run as usual."""
+    the other batches run as usual; with every batch masked (a (1, 1, Sq, Sk) mask of
+    False) no flashc call runs and the whole output is 0."""
     q, k, v = (rand(2, 2, 5, 8, seed=s).requires_grad_() for s in (70, 71, 72))
     mask = torch.ones(2, 1, 5, 5, dtype=torch.bool)
     mask[1] = False
+    if masked == 2:
+        mask = mask[1:]
     with sdpa.route() as r:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert r.routed == 1
     grads = torch.autograd.grad(out.sum(), (q, k, v))
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    want_grads = torch.autograd.grad(want.sum(), (q, k, v))
+    want_grads = torch.autograd.grad(want.sum(), (q, k, v), allow_unused=True)
     assert torch.equal(out[1], torch.zeros_like(out[1]))
     torch.testing.assert_close(out, want)
     for g, w in zip(grads, want_grads):
