@@ -432,13 +432,13 @@ static void fc_fwd_edge_fill(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t 
 }
 
 /* The addresses of rows [j0, j0+nk) of operand v (k or v) for the tile's first
- * kv head, in t->rowp: each row's place is found once per block (fc_kv_row:
- * pages, varlen, cache_batch_idx), and the next head's rows are a head stride
- * on (fc_fwd_next_head). */
+ * kv head, in rows (of t->rowp's 2 * Bc): each row's place is found once per
+ * block (fc_kv_row: pages, varlen, cache_batch_idx), and the next head's rows
+ * are a head stride on (fc_fwd_next_head). */
 static const void **fc_fwd_head_rows(const fc_fwd_ctx *x, const fc_view *v, const fc_fwd_tile *t,
-                                     int64_t j0, int nk) {
-    for (int r = 0; r < nk; r++) t->rowp[r] = fc_fwd_kvrow(x->a, v, t, j0 + r);
-    return t->rowp;
+                                     int64_t j0, int nk, const void **rows) {
+    for (int r = 0; r < nk; r++) rows[r] = fc_fwd_kvrow(x->a, v, t, j0 + r);
+    return rows;
 }
 
 /* fc_fwd_head_rows' rows moved on to the next kv head. */
@@ -455,7 +455,7 @@ static void fc_fwd_scores_rows(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_
     const fc_attn *a = x->a;
     const fc_fwd_plan *p = x->plan;
     const int D = (int)a->head_dim, nc = t->nq / t->nkv; /* columns of one kv head */
-    const void **rows = fc_fwd_head_rows(x, &a->k, t, j0, nk);
+    const void **rows = fc_fwd_head_rows(x, &a->k, t, j0, nk, t->rowp);
     for (int c0 = 0, g = 0; c0 < t->nq; c0 += nc, g++) {
         if (g) fc_fwd_next_head(x, &a->k, nk, rows);
         if (p->rows_dot)
@@ -670,7 +670,7 @@ static void fc_fwd_pv_rows(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0
     const fc_attn *a = x->a;
     const fc_fwd_plan *p = x->plan;
     const int nc = t->nq / t->nkv; /* columns of one kv head */
-    const void **rows = fc_fwd_head_rows(x, &a->v, t, j0, nk);
+    const void **rows = fc_fwd_head_rows(x, &a->v, t, j0, nk, t->rowp);
     for (int c0 = 0, g = 0; c0 < t->nq; c0 += nc, g++) {
         if (g) fc_fwd_next_head(x, &a->v, nk, rows);
         x->ops->axpy_rows(a->dtype, nk, (int)a->head_dim_v, rows, t->st + c0, p->ldq, nc,
@@ -698,9 +698,8 @@ static void fc_fwd_rows_block(const fc_fwd_ctx *x, fc_fwd_tile *t, int64_t j0, i
     const fc_fwd_plan *p = x->plan;
     const fc_simd_ops *ops = x->ops;
     const int D = (int)a->head_dim, Dv = (int)a->head_dim_v;
-    const void **krows = fc_fwd_head_rows(x, &a->k, t, j0, nk);
-    const void **vrows = t->rowp + p->Bc;
-    for (int r = 0; r < nk; r++) vrows[r] = fc_fwd_kvrow(a, &a->v, t, j0 + r);
+    const void **krows = fc_fwd_head_rows(x, &a->k, t, j0, nk, t->rowp);
+    const void **vrows = fc_fwd_head_rows(x, &a->v, t, j0, nk, t->rowp + p->Bc);
     fc_score_mod mod = {.cap = x->sc.cap_log2, .d0 = j0 - t->diag0, .dr = 1, .dc = 1,
                         .wl = edge ? a->window_left : -1, .wr = edge ? a->window_right : -1};
     float *s = t->sr;
