@@ -16,6 +16,9 @@ about 10 ms), the three callers taking turns block by block, so that a load that
 and goes hits each. Threads: torch.set_num_threads and flashc_set_num_threads, both
 set to the same count; OMP_WAIT_POLICY=PASSIVE as bench/cpu_torch.py sets it.
 Prints one row per (dtype, threads, shape): microseconds a call, and sdpa / flashc.
+With --device cuda the tensors are on the GPU and a block ends with a device
+synchronisation: a call's figure is the larger of its host time (Python, the launches) and
+its GPU time, as an eager decode loop sees it (--threads sets only the host's threads).
 """
 import argparse
 import os
@@ -32,6 +35,7 @@ def main():
     p.add_argument("--headdim", type=int, default=128)
     p.add_argument("--blocks", type=int, default=9)
     p.add_argument("--calls", type=int, default=0, help="calls a block; 0: about 10 ms")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
     args = p.parse_args()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read when torch loads
     import torch
@@ -50,8 +54,8 @@ def main():
             for shape in args.shapes.split(","):
                 h, hk, sk = (int(x) for x in shape.split("/"))
                 g = torch.Generator().manual_seed(h * 10007 + hk * 101 + sk)
-                q, k, v = (torch.randn(1, s, n, args.headdim, generator=g).to(dtypes[dtype])
-                           for s, n in ((1, h), (sk, hk), (sk, hk)))
+                q, k, v = (torch.randn(1, s, n, args.headdim, generator=g).to(
+                    device=args.device, dtype=dtypes[dtype]) for s, n in ((1, h), (sk, hk), (sk, hk)))
                 qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
                 callers = (lambda: flashc.flash_attn_with_kvcache(q, k, v),
                            lambda: flashc.flash_attn_func(q, k, v),
@@ -60,18 +64,23 @@ def main():
                 want = callers[2]().transpose(1, 2).float()
                 for fn in callers[:2]:  # the same attention, to the dtype's rounding
                     torch.testing.assert_close(fn().float(), want, rtol=2e-2, atol=2e-2)
+                sync = torch.cuda.synchronize if q.is_cuda else (lambda: None)
                 calls = args.calls
                 if not calls:
+                    sync()
                     t0 = time.perf_counter()
                     for fn in callers:
                         fn()
+                    sync()
                     calls = max(1, min(5000, int(0.01 * 3 / (time.perf_counter() - t0))))
                 samples = [[], [], []]
                 for block in range(args.blocks + 1):
                     for i, fn in enumerate(callers):
+                        sync()
                         t0 = time.perf_counter()
                         for _ in range(calls):
                             fn()
+                        sync()
                         if block:  # the first round warms up
                             samples[i].append((time.perf_counter() - t0) / calls * 1e6)
                 kv, fa, sd = (statistics.median(s) for s in samples)
