@@ -123,8 +123,10 @@ static flashc_status fc_check_dtype(const flashc_tensor *t, const fc_role *r) {
     return FLASHC_OK;
 }
 
-/* Shapes and strides in range, the last dimension contiguous, and every
- * element's byte offset representable in int64 (so no backend index overflows). */
+/* Shapes and strides in range, the last dimension contiguous (any stride when
+ * it holds one element or none: torch leaves such a stride as it was, and it
+ * is never used), and every element's byte offset representable in int64 (so
+ * no backend index overflows). */
 static flashc_status fc_check_strides(const flashc_tensor *t, const char *n) {
     for (int d = 0; d < t->ndim; d++) {
         long long s = (long long)t->shape[d], st = (long long)t->stride[d];
@@ -132,7 +134,7 @@ static flashc_status fc_check_strides(const flashc_tensor *t, const char *n) {
         FC_CHECK_ARG(s <= INT32_MAX, "%s.shape[%d]=%lld exceeds INT32_MAX", n, d, s);
         FC_CHECK_ARG(st >= 0, "%s.stride[%d]=%lld but must be >= 0", n, d, st);
     }
-    if (t->ndim > 0)
+    if (t->ndim > 0 && t->shape[t->ndim - 1] > 1)
         FC_CHECK_ARG(t->stride[t->ndim - 1] == 1, "%s.stride[%d]=%lld but must be 1", n,
                      t->ndim - 1, (long long)t->stride[t->ndim - 1]);
     int64_t esz = (int64_t)flashc_dtype_size(t->dtype); /* > 0: fc_check_dtype ran first */

@@ -144,7 +144,9 @@ def _fake(op):
 
 
 def _maybe_contiguous(x):
-    return x.contiguous() if x is not None and x.stride(-1) != 1 else x
+    # (a last dim of size 1 may keep any stride: torch's .contiguous() leaves it, and
+    # the library takes it)
+    return x.contiguous() if x is not None and x.stride(-1) != 1 and x.shape[-1] > 1 else x
 
 
 def _fill(struct, **fields):
@@ -739,7 +741,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         _rank(fn, name, t, {4: "(batch_cache, seqlen_cache, nheads_k, headdim) or paged "
                                "(num_blocks, page_size, nheads_k, headdim)"})
-        if t.stride(-1) != 1:
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
             raise _lib.FlashcArgumentError(_lib.ERR_INVALID_ARG, "%s.stride(-1)=%d but the "
                                            "cache is updated in place and must have a "
                                            "contiguous last dimension" % (name, t.stride(-1)))

@@ -42,8 +42,10 @@ What runs on flashc (anything else falls back; fallback_reason says why):
   thread: 4-6 ms for a bool (1, 1, 4096, 4096) padding mask, 16-23 ms causal, 82-85 ms
   with HF's bf16 fill, 1.8-6x faster than the reading it replaced): the same mask passed
   again, unchanged (its object and _version), is not read again, as HF passes one mask to
-  every layer. The unpadded rows run as one or two flash_attn_varlen_func calls (below,
-  "attention masks"); rows that see no key get out 0 and no gradient, what
+  every layer. The unpadded rows run as one or two flashc calls (below, "attention
+  masks"): flash_attn_func on slices of query, key and value where every batch has the
+  same keys (one batch, or a mask shared by the batch), else flash_attn_varlen_func on
+  the gathered rows; rows that see no key get out 0 and zero gradients, what
   torch's SDPA gives (torch 2.5+ on the CPU); with a dtype-minimum fill such rows get a
   softmax over every key from torch, so those masks fall back. Anything else falls back:
   a bias, a per-head mask, a mask one element away from those forms, and any mask under
@@ -163,8 +165,9 @@ def _shape_reason(query, key, value, enable_gqa):
 #   rows [i1, Sq): every key of [kstart, kend): one flashc call without causal (right
 #       padding's padded queries under a causal mask; every row of a padding-only mask).
 # Where every batch has the same rows and keys (one batch; a mask broadcast over the batch),
-# a call is one flash_attn_func on slices of q, k and v (span: rows [r0, r1), keys [k0, k1)),
-# nothing copied; else it gathers its rows and keys of every batch into one
+# a call is one flash_attn_func on slices of q, k and v (span: rows [r0, r1), keys [k0, k1);
+# its inputs are not copied, and the parts of two calls or zero rows are joined by one
+# torch.cat); else it gathers its rows and keys of every batch into one
 # flash_attn_varlen_func call (the index and cu fields), so no padded key reaches the
 # kernels, and its output is scattered back.
 _Call = collections.namedtuple("_Call", "causal span q_batch q_row k_batch k_row cu_q cu_k "

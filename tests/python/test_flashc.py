@@ -714,6 +714,23 @@ def test_noncontiguous(device):
                   (q, k, v), dt, names="qkv")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_head_dim_1_any_stride(device):
+    """A head dim of 1 whose stride is not 1 (a permuted view: torch calls it contiguous
+    and keeps the stride): the library takes it as it is, forward, backward and the
+    KV-cache call."""
+    dt = torch.float16
+    q, k, v = (rand(2, 1, s, 3, device=device, dtype=dt, seed=73 + i).permute(0, 2, 3, 1)
+               for i, s in enumerate((5, 7, 7)))
+    assert q.shape[-1] == 1 and q.stride(-1) == 15 and q.is_contiguous()
+    check_fwd_bwd(lambda q, k, v: flashc.flash_attn_func(q, k, v, causal=True),
+                  lambda q, k, v, lowp: ref_attention(q, k, v, causal=True, lowp=lowp),
+                  (q, k, v), dt, names="qkv")
+    out = flashc.flash_attn_with_kvcache(q, k, v, causal=True)
+    torch.testing.assert_close(out, flashc.flash_attn_func(q, k, v, causal=True), rtol=0,
+                               atol=0)
+
+
 # ---- tensors with no elements: answered as flash_attn answers them ----
 @pytest.mark.parametrize("device", DEVICES)
 def test_empty(device):
