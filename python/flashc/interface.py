@@ -16,7 +16,10 @@ six on torch < 2.4. A forward call that none of that machinery would see (no inp
 requires grad under grad mode, no compiling or tracing, no torch function or dispatch
 mode, no functorch transform, plain CPU or CUDA tensors: _direct) runs the op's Python
 function itself (_call), without torch's custom-op dispatch, which took about half of the
-time of a small decode call (bench/NOTES.md); the results are the op's, bit for bit.
+time of a small decode call (bench/NOTES.md); the results are the op's, bit for bit. A
+flash_attn_with_kvcache call on CPU tensors that repeats an earlier call's signature
+(shapes, strides, dtypes, options) reuses that call's args struct and params, only its
+data pointers set anew (_kv_prepared_call: 51 -> 14 us a one-head call on a 2-core VM).
 
 Where flashc differs from flash_attn on purpose:
 - head dims that are not a multiple of 8 are passed as they are: the library takes
@@ -398,9 +401,16 @@ def _fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor
                  block_table=block_table, alibi_slopes=alibi_slopes, out=out,
                  softmax_lse=lse, sink=learnable_sink)
     _run("flashc_fwd_kvcache", args, q.device, rename={"k_new": "k", "v_new": "v"},
-         rotary_halves=int(not rotary_interleaved), num_splits=num_splits,
-         **_mask_params(0.0, softmax_scale, causal, window_left, window_right, softcap))
+         **_kv_fields(softmax_scale, causal, window_left, window_right, softcap,
+                      rotary_interleaved, num_splits))
     return out, lse
+
+
+def _kv_fields(softmax_scale, causal, window_left, window_right, softcap, rotary_interleaved,
+               num_splits):
+    """The params fields of a KV-cache call."""
+    return dict(rotary_halves=int(not rotary_interleaved), num_splits=num_splits,
+                **_mask_params(0.0, softmax_scale, causal, window_left, window_right, softcap))
 
 
 @_fake(_fwd_kvcache)
@@ -720,6 +730,76 @@ flash_attn_varlen_kvpacked_func.__doc__ = """flash_attn_varlen_func on q and kv 
     2, nheads_k, headdim).""" + _COMMON_DOC
 
 
+# ---- flash_attn_with_kvcache's prepared calls (CPU tensors) ----
+# A decode loop makes the same call every step but for the tensors' data. The first call
+# of a signature (every tensor's shape, strides and dtype, and every option) goes the
+# whole way: the checks here, the op's function, _fill, params. A call of a signature seen
+# before copies the args struct and params that call recorded, sets the tensors' data
+# pointers and calls the library, which validates every argument again as always. Only
+# for calls _direct would run directly, on plain CPU tensors, that no step changes on the
+# way (no copy by _maybe_contiguous or _sink32, cache_seqlens a tensor); others, and CUDA
+# tensors, go the whole way every time.
+_KV_FIELDS = ("q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos", "rotary_sin",
+              "cache_seqlens", "cache_batch_idx", "cache_leftpad", "block_table",
+              "alibi_slopes", "sink")
+_KV_PREPARED_MAX = 64  # signatures kept; the table is emptied when it is full
+_kv_prepared = {}  # signature -> (args struct, params, fields set per call, out and lse shapes)
+
+
+def _kv_signature(tensors, options):
+    """The signature of a flash_attn_with_kvcache call (_kv_prepared's key), or None when
+    the call must go the whole way: one _direct would not run directly, a tensor that is
+    not on the CPU or needs a copy on the way (a last stride other than 1, a sink not in
+    fp32), a cache_seqlens that is an int."""
+    if _fwd_kvcache not in _IMPLS or not _direct(tensors):
+        return None
+    key = [tuple((type(o), o) for o in options)]
+    for t in tensors:
+        if t is None:
+            key.append(None)
+            continue
+        if not isinstance(t, Tensor) or not t.is_cpu:
+            return None
+        stride = t.stride()
+        if stride[-1] != 1 and t.shape[-1] > 1:
+            return None
+        key.append((t.shape, stride, t.dtype))
+    if tensors[-1] is not None and tensors[-1].dtype != torch.float32:
+        return None
+    return tuple(key)
+
+
+def _kv_prepared_call(entry, tensors, want_lse):
+    """The call of a prepared signature: _kv_prepared's entry on these tensors."""
+    template, params, fields, out_shape, lse_shape = entry
+    args = _lib.KvcacheArgs.from_buffer_copy(template)
+    for name, i in fields:
+        getattr(args, name).data = tensors[i].data_ptr()
+    out = torch.empty(out_shape, dtype=tensors[0].dtype)
+    args.out.data = out.data_ptr()
+    lse = None
+    if want_lse:
+        lse = torch.empty(lse_shape, dtype=torch.float32)
+        args.softmax_lse.data = lse.data_ptr()
+    for cache in tensors[1:3]:  # as _call bumps the op's mutated arguments
+        torch.autograd.graph.increment_version(cache)
+    _lib.call("flashc_fwd_kvcache", args, params, tensors[0].device,
+              {"k_new": "k", "v_new": "v"})
+    return (out, lse) if want_lse else out
+
+
+def _kv_prepare(key, tensors, out, lse, want_lse, params):
+    """Record the args struct and params of a call that went the whole way under its
+    signature key (its out and lse as they were made), for _kv_prepared_call."""
+    fields = [(name, i) for i, (name, t) in enumerate(zip(_KV_FIELDS, tensors))
+              if t is not None]
+    template = _fill(_lib.KvcacheArgs, out=out, softmax_lse=lse if want_lse else None,
+                     **{name: tensors[i] for name, i in fields})
+    if len(_kv_prepared) >= _KV_PREPARED_MAX:
+        _kv_prepared.clear()
+    _kv_prepared[key] = (template, params, fields, tuple(out.shape), tuple(lse.shape))
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
                             rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
                             cache_leftpad=None, block_table=None, softmax_scale=None,
@@ -736,6 +816,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_batch_idx: int32 (batch,), cache row of each batch entry; cache_leftpad: int32
     (batch,), first key row of each. learnable_sink: (nheads,), as flash_attn_func's.
     v_cache and v may have a head dim other than q's (out has it). No backward. Returns out, or (out, softmax_lse) with return_softmax_lse."""
+    tensors = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+               cache_batch_idx, cache_leftpad, block_table, alibi_slopes, learnable_sink)
+    options = (softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits,
+               return_softmax_lse)
+    try:
+        key = _kv_signature(tensors, options)
+        entry = _kv_prepared.get(key) if key is not None else None
+    except TypeError:  # an option that cannot be a key (a list window_size): the whole way
+        key = entry = None
+    if entry is not None:
+        return _kv_prepared_call(entry, tensors, return_softmax_lse)
     fn = "flash_attn_with_kvcache"
     _rank(fn, "q", q, {4: _BSHD})
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -758,4 +849,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                     alibi_slopes, softmax_scale, causal, window_left,
                                     window_right, softcap, rotary_interleaved, num_splits,
                                     _sink32(learnable_sink)))
+    if key is not None and q.numel() and k_cache.numel() and v_cache.numel():
+        _kv_prepare(key, tensors, out, lse, return_softmax_lse, _lib.params(
+            q.device, **_kv_fields(softmax_scale, causal, window_left, window_right, softcap,
+                                   rotary_interleaved, num_splits)))
     return (out, lse) if return_softmax_lse else out

@@ -349,7 +349,9 @@ def test_autograd_function_path(case, monkeypatch):
 # ---- the direct call: a forward op's Python function without torch's dispatcher ----
 @pytest.fixture
 def direct_calls(monkeypatch):
-    """Counts, per op, the calls interface._call ran directly (not through the op)."""
+    """Counts, per op, the calls interface._call ran directly (not through the op); no
+    KV-cache call prepared yet (each signature's first call runs the op's function)."""
+    monkeypatch.setattr(interface, "_kv_prepared", {})
     assert interface._DIRECT_CHECKS and {interface._fwd, interface._varlen_fwd,
                                          interface._fwd_kvcache} <= set(interface._IMPLS), \
         "no direct call on this torch"
@@ -446,6 +448,93 @@ def test_direct_bumps_versions(direct_calls):
     assert direct_calls[interface._fwd_kvcache] == 1
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+def kv_args(seed, seqlens, **over):
+    """flash_attn_with_kvcache's tensors for 2 sequences appending 2 rows each to a
+    (2, 10, 2, 16) cache, 4 query heads; over replaces any of them."""
+    b, h, hk, d = 2, 4, 2, 16
+    args = dict(q=rand(b, 2, h, d, seed=seed), k_cache=rand(2, 10, hk, d, seed=seed + 1),
+                v_cache=rand(2, 10, hk, d, seed=seed + 2), k=rand(b, 2, hk, d, seed=seed + 3),
+                v=rand(b, 2, hk, d, seed=seed + 4),
+                cache_seqlens=torch.tensor(seqlens, dtype=torch.int32))
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("lse", [False, True])
+def test_kvcache_prepared(lse, direct_calls, monkeypatch):
+    """flash_attn_with_kvcache's prepared calls (interface._kv_prepared): the first call
+    of a signature runs the op's function and is recorded; later calls with new data (q,
+    caches, cache_seqlens' values) run prepared, bit for bit what the op gives, caches
+    updated and their versions moved; a bad cache_seqlens value fails prepared as it
+    fails the whole way. Another option is another signature; a bf16 sink, a last stride
+    of 2 and an int cache_seqlens are never prepared."""
+    angle = rand(10, 4, seed=43)
+    kw = dict(rotary_cos=angle.cos(), rotary_sin=angle.sin(), causal=True,
+              return_softmax_lse=lse)
+
+    def run(args, **more):
+        a = dict(args, k_cache=args["k_cache"].clone(), v_cache=args["v_cache"].clone())
+        versions = [a[n]._version for n in ("k_cache", "v_cache")]
+        got = flashc.flash_attn_with_kvcache(**a, **kw, **more)
+        assert all(a[n]._version > v for n, v in zip(("k_cache", "v_cache"), versions))
+        return (got if lse else (got,)) + (a["k_cache"], a["v_cache"])
+
+    def via_op(args, **more):
+        with monkeypatch.context() as patch:
+            patch.setattr(interface, "_direct", lambda args: False)
+            return run(args, **more)
+
+    op = interface._fwd_kvcache
+    for seed, seqlens in [(60, [3, 6]), (70, [5, 0]), (80, [8, 1])]:
+        args = kv_args(seed, seqlens)
+        want = via_op(args)
+        got = run(args)
+        assert direct_calls[op] == 1 and len(interface._kv_prepared) == 1
+        assert len(got) == len(want) and all(torch.equal(g, w) for g, w in zip(got, want))
+    args = kv_args(85, [1, 4])  # return_softmax_lse is part of the signature
+    other = flashc.flash_attn_with_kvcache(**args, **dict(kw, return_softmax_lse=not lse))
+    assert isinstance(other, tuple) != lse and direct_calls[op] == 2
+    want = flashc.flash_attn_with_kvcache(**kv_args(85, [1, 4]), **kw)
+    assert torch.equal(want[0] if lse else want, other if lse else other[0])
+    interface._kv_prepared.clear()
+    direct_calls[op] = 0
+    run(kv_args(60, [3, 6]))
+    bad = kv_args(90, [9, 0])  # 9 + 2 appended rows > the cache's 10
+    for calls in (1, 2):  # the whole way (no call of the op's function), then prepared
+        with pytest.raises(flashc.FlashcArgumentError) as whole:
+            via_op(bad)
+        with pytest.raises(flashc.FlashcArgumentError) as prepared:
+            run(bad)
+        assert str(whole.value) == str(prepared.value) and "k_new" not in str(whole.value)
+    assert direct_calls[op] == 1
+    for seed in (100, 110):  # another option: its own signature, prepared from its second
+        args = kv_args(seed, [2, 2])
+        assert all(torch.equal(g, w) for g, w in zip(run(args, softcap=3.0),
+                                                     via_op(args, softcap=3.0)))
+    assert direct_calls[op] == 2 and len(interface._kv_prepared) == 2
+    never = [dict(learnable_sink=rand(4, seed=120).bfloat16()),
+             dict(q=rand(2, 2, 4, 32, seed=121)[..., ::2]), dict(cache_seqlens=3)]
+    for over in never:
+        args = kv_args(130, [3, 6], **{k: t for k, t in over.items() if k != "learnable_sink"})
+        sink = over.get("learnable_sink")
+        for _ in range(2):
+            calls = direct_calls[op]
+            got, want = run(args, learnable_sink=sink), via_op(args, learnable_sink=sink)
+            assert direct_calls[op] == calls + 1
+            assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert len(interface._kv_prepared) == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_kvcache_not_prepared_on_cuda(direct_calls):
+    """CUDA tensors go the whole way every call (the stream, the workspace, the device)."""
+    args = {n: t.cuda() for n, t in kv_args(140, [3, 6]).items()}
+    for calls in (1, 2):
+        flashc.flash_attn_with_kvcache(**args, causal=True)
+        assert direct_calls[interface._fwd_kvcache] == calls
+    assert not interface._kv_prepared
 
 
 def test_direct_not_with_autograd(direct_calls):
