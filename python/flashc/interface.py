@@ -751,7 +751,9 @@ def _kv_signature(tensors, options):
     the call must go the whole way: one _direct would not run directly, a tensor that is
     not on the CPU or needs a copy on the way (a last stride other than 1, a sink not in
     fp32), a cache_seqlens that is an int."""
-    if _fwd_kvcache not in _IMPLS or not _direct(tensors):
+    q = tensors[0]
+    if type(q) is not Tensor or not q.is_cpu or _fwd_kvcache not in _IMPLS or \
+            not _direct(tensors):
         return None
     key = [tuple((type(o), o) for o in options)]
     for t in tensors:
