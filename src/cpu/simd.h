@@ -123,6 +123,21 @@ typedef struct fc_simd_ops {
 /* The active table (never NULL). */
 const fc_simd_ops *fc_simd(void);
 
+/* F(NQ, ...) with the column count nq (1..8, simd.h) as a constant: the row ops'
+ * kernels are unrolled over their NQ columns. */
+#define FC_SWITCH_NQ(nq, F, ...)                                                                   \
+    switch (nq) {                                                                                  \
+    case 1: F(1, __VA_ARGS__); break;                                                              \
+    case 2: F(2, __VA_ARGS__); break;                                                              \
+    case 3: F(3, __VA_ARGS__); break;                                                              \
+    case 4: F(4, __VA_ARGS__); break;                                                              \
+    case 5: F(5, __VA_ARGS__); break;                                                              \
+    case 6: F(6, __VA_ARGS__); break;                                                              \
+    case 7: F(7, __VA_ARGS__); break;                                                              \
+    case 8: F(8, __VA_ARGS__); break;                                                              \
+    default: break;                                                                                \
+    }
+
 /* 0 when the amx path can never run in this process (not built, not on this
  * CPU, or the OS refused it), else 1 (without asking the OS): fwd.c and bwd.c
  * then reserve the amx tiles' workspace too, so that its size is the same on

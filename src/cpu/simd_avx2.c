@@ -515,11 +515,115 @@ static void fc_avx2_dropout_cols(int M, int N, float *x, int ld, uint64_t seed, 
     }
 }
 
+/* ---- decode's row ops (fwd.c's narrow tiles, simd.h) ----
+ * As simd_avx512.c's at half the width: dot_rows sums K rows against the NQ
+ * columns of q, R = 8 / NQ rows at a time (one accumulator per row and column,
+ * each K vector loaded once for the NQ columns), each sum reduced by fc_hsum;
+ * axpy_rows adds each V row, scaled by its P, to the columns' rows of O, W
+ * vectors of 8 elements at a time (NQ W accumulators). Rows of 16-bit elements
+ * are widened in registers; a tail of fewer than 8 is read through a zeroed
+ * buffer (16-bit) or vmaskmovps (fp32). Without them AVX2 decoded through the
+ * tile path: 8 heads, D 128, fp32, 4k keys took 6.1 ms against torch's 2.3 on
+ * the Intel VM of bench/NOTES.md (session 37). */
+
+/* Elements [d, d + n) of row (dtype dt) as fp32 lanes, n in [1, 8], 0 past n. */
+static inline __attribute__((always_inline)) __m256 fc_row8(flashc_dtype dt, const void *row,
+                                                             int d, int n) {
+    if (dt == FLASHC_DTYPE_FP32) {
+        const float *p = (const float *)row + d;
+        return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, fc_mask(n));
+    }
+    const uint16_t *p = (const uint16_t *)row + d;
+    if (n >= 8) return fc_load16(dt, p);
+    uint16_t tmp[8] = {0};
+    memcpy(tmp, p, (size_t)n * sizeof(uint16_t));
+    return fc_load16(dt, tmp);
+}
+
+static inline __attribute__((always_inline)) void
+fc_dot_rows8(const int NQ, flashc_dtype dt, int nk, int D, const void *const *krows,
+             const float *q, int ldq, float *s, int lds) {
+    const int R = NQ >= 8 ? 1 : 8 / NQ;
+    for (int r0 = 0; r0 < nk; r0 += R) {
+        const int nr = nk - r0 < R ? nk - r0 : R;
+        const void *rows[8]; /* the last row stands in past nk (its sums are not stored) */
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) rows[r] = krows[r < nr ? r0 + r : nk - 1];
+        __m256 acc[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < R * NQ; i++) acc[i] = _mm256_setzero_ps();
+        for (int d = 0; d < D; d += 8) {
+            const int n = D - d < 8 ? D - d : 8;
+            __m256 qv[8];
+#pragma GCC unroll 8
+            for (int c = 0; c < NQ; c++) qv[c] = fc_row8(FLASHC_DTYPE_FP32, q + (size_t)c * ldq, d, n);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                __m256 k = fc_row8(dt, rows[r], d, n);
+#pragma GCC unroll 8
+                for (int c = 0; c < NQ; c++)
+                    acc[r * NQ + c] = _mm256_fmadd_ps(qv[c], k, acc[r * NQ + c]);
+            }
+        }
+        for (int r = 0; r < nr; r++)
+#pragma GCC unroll 8
+            for (int c = 0; c < NQ; c++) s[(size_t)c * lds + r0 + r] = fc_hsum(acc[r * NQ + c]);
+    }
+}
+
+static void fc_avx2_dot_rows(flashc_dtype dt, int nk, int D, const void *const *krows,
+                             const float *q, int ldq, int nq, float *s, int lds) {
+    FC_SWITCH_NQ(nq, fc_dot_rows8, dt, nk, D, krows, q, ldq, s, lds)
+}
+
+static inline __attribute__((always_inline)) void
+fc_axpy_rows8(const int NQ, flashc_dtype dt, int nv, int Dv, const void *const *vrows,
+              const float *p, int ldp, float *o, int ldo) {
+    const int W = NQ == 1 ? 4 : NQ < 4 ? 2 : 1;
+    for (int d = 0; d < Dv; d += 8 * W) {
+        int n[4];
+        __m256 acc[8][4];
+#pragma GCC unroll 4
+        for (int w = 0; w < W; w++) {
+            int left = Dv - d - 8 * w;
+            n[w] = left < 0 ? 0 : left < 8 ? left : 8;
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < NQ; c++)
+#pragma GCC unroll 4
+            for (int w = 0; w < W; w++)
+                acc[c][w] = n[w] ? fc_row8(FLASHC_DTYPE_FP32, o + (size_t)c * ldo, d + 8 * w, n[w])
+                                 : _mm256_setzero_ps();
+        for (int r = 0; r < nv; r++) {
+            __m256 pr[8];
+#pragma GCC unroll 8
+            for (int c = 0; c < NQ; c++) pr[c] = _mm256_set1_ps(p[(size_t)r * ldp + c]);
+#pragma GCC unroll 4
+            for (int w = 0; w < W; w++) {
+                if (!n[w]) continue;
+                __m256 v = fc_row8(dt, vrows[r], d + 8 * w, n[w]);
+#pragma GCC unroll 8
+                for (int c = 0; c < NQ; c++) acc[c][w] = _mm256_fmadd_ps(pr[c], v, acc[c][w]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < NQ; c++)
+#pragma GCC unroll 4
+            for (int w = 0; w < W; w++)
+                if (n[w]) fc_store_n(o + (size_t)c * ldo + d + 8 * w, acc[c][w], n[w]);
+    }
+}
+
+static void fc_avx2_axpy_rows(flashc_dtype dt, int nv, int Dv, const void *const *vrows,
+                              const float *p, int ldp, int nq, float *o, int ldo) {
+    FC_SWITCH_NQ(nq, fc_axpy_rows8, dt, nv, Dv, vrows, p, ldp, o, ldo)
+}
+
 const fc_simd_ops fc_simd_avx2_ops = {
     FLASHC_SIMD_AVX2,  fc_avx2_gemm_nn,   fc_avx2_gemm_nt,      fc_avx2_gemm_tn,
     fc_avx2_exp2_sum,  fc_avx2_max,       fc_avx2_scale,        fc_avx2_load,
     fc_avx2_store,     fc_avx2_score_mod, fc_avx2_softmax_cols, fc_avx2_dropout_cols,
     0,                 NULL,              NULL,                 NULL, NULL, /* no bf16 dot products */
     NULL, /* no softmax_rows_bf16 (the amx forward's) */
-    NULL, NULL, NULL, /* no dot_rows, dot_rows_bf16, axpy_rows: the row path is AVX-512's (fwd.c) */
+    fc_avx2_dot_rows, NULL, fc_avx2_axpy_rows, /* (no bf16 dot products) */
 };

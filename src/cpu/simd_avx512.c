@@ -681,21 +681,6 @@ static inline __m512 fc_widen16(flashc_dtype dt, const void *p, int d, __mmask16
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* F(NQ, ...) with the column count nq (1..8, simd.h) as a constant: the row ops'
- * kernels are unrolled over their NQ columns. */
-#define FC_SWITCH_NQ(nq, F, ...)                                                                   \
-    switch (nq) {                                                                                  \
-    case 1: F(1, __VA_ARGS__); break;                                                              \
-    case 2: F(2, __VA_ARGS__); break;                                                              \
-    case 3: F(3, __VA_ARGS__); break;                                                              \
-    case 4: F(4, __VA_ARGS__); break;                                                              \
-    case 5: F(5, __VA_ARGS__); break;                                                              \
-    case 6: F(6, __VA_ARGS__); break;                                                              \
-    case 7: F(7, __VA_ARGS__); break;                                                              \
-    case 8: F(8, __VA_ARGS__); break;                                                              \
-    default: break;                                                                                \
-    }
-
 /* The sums of a[0..15]'s lanes, in lanes 0..15: a transpose-and-add tree, 15
  * adds and 30 shuffles for 16 sums (a reduce per row takes 4 adds, 4
  * shuffles and a chain of their latencies). */
