@@ -123,7 +123,7 @@ typedef struct fc_simd_ops {
 /* The active table (never NULL). */
 const fc_simd_ops *fc_simd(void);
 
-/* F(NQ, ...) with the column count nq (1..8, simd.h) as a constant: the row ops'
+/* F(NQ, ...) with the column count nq (1..8, above) as a constant: the row ops'
  * kernels are unrolled over their NQ columns. */
 #define FC_SWITCH_NQ(nq, F, ...)                                                                   \
     switch (nq) {                                                                                  \

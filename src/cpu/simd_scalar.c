@@ -131,5 +131,5 @@ const fc_simd_ops fc_simd_scalar_ops = {
     fc_scalar_store,  fc_scalar_score_mod, fc_scalar_softmax_cols, fc_scalar_dropout_cols,
     0,                NULL,                NULL,              NULL, NULL, /* no bf16 dot products */
     NULL, /* no softmax_rows_bf16 (the amx forward's) */
-    NULL, NULL, NULL, /* no dot_rows, dot_rows_bf16, axpy_rows: the row path is AVX-512's (fwd.c) */
+    NULL, NULL, NULL, /* no row ops (dot_rows, dot_rows_bf16, axpy_rows; fwd.c) */
 };
