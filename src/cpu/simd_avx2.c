@@ -8,7 +8,8 @@
  * zero past the last column; gemm_nt: 8 x 8 in-register transposes), so the
  * inner loop has no masked load; dropout runs Philox on 8 lanes. Column tails
  * of C use vmaskmovps loads and a bounce buffer for stores (masked stores are
- * slow on AMD parts); 16-bit tails are converted one element at a time. No
+ * slow on AMD parts); 16-bit tails are converted one element at a time (the
+ * row ops: through a zeroed 8-element buffer). No
  * bf16 dot products (AVX2 has none).
  *
  * exp2: as in simd_avx512.c, with 2^n built in the exponent field; inputs
@@ -523,8 +524,8 @@ static void fc_avx2_dropout_cols(int M, int N, float *x, int ld, uint64_t seed, 
  * vectors of 8 elements at a time (NQ W accumulators). Rows of 16-bit elements
  * are widened in registers; a tail of fewer than 8 is read through a zeroed
  * buffer (16-bit) or vmaskmovps (fp32). Without them AVX2 decoded through the
- * tile path: 8 heads, D 128, fp32, 4k keys took 6.1 ms against torch's 2.3 on
- * the Intel VM of bench/NOTES.md (session 37). */
+ * tile path: 8 heads, D 128, fp32, 4k keys, one thread took 4.2-4.4 ms, with
+ * them 1.5-1.65 (the Intel VM of bench/NOTES.md, session 37). */
 
 /* Elements [d, d + n) of row (dtype dt) as fp32 lanes, n in [1, 8], 0 past n. */
 static inline __attribute__((always_inline)) __m256 fc_row8(flashc_dtype dt, const void *row,
@@ -541,7 +542,7 @@ static inline __attribute__((always_inline)) __m256 fc_row8(flashc_dtype dt, con
 }
 
 static inline __attribute__((always_inline)) void
-fc_dot_rows8(const int NQ, flashc_dtype dt, int nk, int D, const void *const *krows,
+fc_dot_rows_nq(const int NQ, flashc_dtype dt, int nk, int D, const void *const *krows,
              const float *q, int ldq, float *s, int lds) {
     const int R = NQ >= 8 ? 1 : 8 / NQ;
     for (int r0 = 0; r0 < nk; r0 += R) {
@@ -565,32 +566,34 @@ fc_dot_rows8(const int NQ, flashc_dtype dt, int nk, int D, const void *const *kr
                     acc[r * NQ + c] = _mm256_fmadd_ps(qv[c], k, acc[r * NQ + c]);
             }
         }
-        for (int r = 0; r < nr; r++)
 #pragma GCC unroll 8
-            for (int c = 0; c < NQ; c++) s[(size_t)c * lds + r0 + r] = fc_hsum(acc[r * NQ + c]);
+        for (int r = 0; r < R; r++) /* over the constant R: acc stays in registers */
+            if (r < nr)
+#pragma GCC unroll 8
+                for (int c = 0; c < NQ; c++) s[(size_t)c * lds + r0 + r] = fc_hsum(acc[r * NQ + c]);
     }
 }
 
 static void fc_avx2_dot_rows(flashc_dtype dt, int nk, int D, const void *const *krows,
                              const float *q, int ldq, int nq, float *s, int lds) {
-    FC_SWITCH_NQ(nq, fc_dot_rows8, dt, nk, D, krows, q, ldq, s, lds)
+    FC_SWITCH_NQ(nq, fc_dot_rows_nq, dt, nk, D, krows, q, ldq, s, lds)
 }
 
 static inline __attribute__((always_inline)) void
-fc_axpy_rows8(const int NQ, flashc_dtype dt, int nv, int Dv, const void *const *vrows,
+fc_axpy_rows_nq(const int NQ, flashc_dtype dt, int nv, int Dv, const void *const *vrows,
               const float *p, int ldp, float *o, int ldo) {
-    const int W = NQ == 1 ? 4 : NQ < 4 ? 2 : 1;
+    const int W = NQ == 1 ? 8 : NQ == 2 ? 4 : NQ <= 4 ? 2 : 1; /* NQ W <= 8 accumulators */
     for (int d = 0; d < Dv; d += 8 * W) {
-        int n[4];
-        __m256 acc[8][4];
-#pragma GCC unroll 4
+        int n[8];
+        __m256 acc[8][8];
+#pragma GCC unroll 8
         for (int w = 0; w < W; w++) {
             int left = Dv - d - 8 * w;
             n[w] = left < 0 ? 0 : left < 8 ? left : 8;
         }
 #pragma GCC unroll 8
         for (int c = 0; c < NQ; c++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int w = 0; w < W; w++)
                 acc[c][w] = n[w] ? fc_row8(FLASHC_DTYPE_FP32, o + (size_t)c * ldo, d + 8 * w, n[w])
                                  : _mm256_setzero_ps();
@@ -598,7 +601,7 @@ fc_axpy_rows8(const int NQ, flashc_dtype dt, int nv, int Dv, const void *const *
             __m256 pr[8];
 #pragma GCC unroll 8
             for (int c = 0; c < NQ; c++) pr[c] = _mm256_set1_ps(p[(size_t)r * ldp + c]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int w = 0; w < W; w++) {
                 if (!n[w]) continue;
                 __m256 v = fc_row8(dt, vrows[r], d + 8 * w, n[w]);
@@ -608,7 +611,7 @@ fc_axpy_rows8(const int NQ, flashc_dtype dt, int nv, int Dv, const void *const *
         }
 #pragma GCC unroll 8
         for (int c = 0; c < NQ; c++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int w = 0; w < W; w++)
                 if (n[w]) fc_store_n(o + (size_t)c * ldo + d + 8 * w, acc[c][w], n[w]);
     }
@@ -616,7 +619,7 @@ fc_axpy_rows8(const int NQ, flashc_dtype dt, int nv, int Dv, const void *const *
 
 static void fc_avx2_axpy_rows(flashc_dtype dt, int nv, int Dv, const void *const *vrows,
                               const float *p, int ldp, int nq, float *o, int ldo) {
-    FC_SWITCH_NQ(nq, fc_axpy_rows8, dt, nv, Dv, vrows, p, ldp, o, ldo)
+    FC_SWITCH_NQ(nq, fc_axpy_rows_nq, dt, nv, Dv, vrows, p, ldp, o, ldo)
 }
 
 const fc_simd_ops fc_simd_avx2_ops = {
