@@ -746,16 +746,39 @@ _KV_PREPARED_MAX = 64  # signatures kept; the table is emptied when it is full
 _kv_prepared = {}  # signature -> (args struct, params, fields set per call, out and lse shapes)
 
 
+_KV_SCALARS = (int, float, bool, type(None))
+
+
+def _kv_options(options):
+    """The options' part of a signature: each option (window_size's sides each) with its
+    type, so that True, 1 and 1.0 differ as _window and _scale tell them apart; None for
+    an option that is not a plain Python scalar (a tensor's value could change in place)."""
+    key = []
+    for o in options:
+        if type(o) in (tuple, list):
+            if not all(type(w) in _KV_SCALARS for w in o):
+                return None
+            key.append((type(o), tuple((type(w), w) for w in o)))
+        elif type(o) in _KV_SCALARS:
+            key.append((type(o), o))
+        else:
+            return None
+    return tuple(key)
+
+
 def _kv_signature(tensors, options):
     """The signature of a flash_attn_with_kvcache call (_kv_prepared's key), or None when
-    the call must go the whole way: one _direct would not run directly, a tensor that is
-    not on the CPU or needs a copy on the way (a last stride other than 1, a sink not in
-    fp32), a cache_seqlens that is an int."""
+    the call must go the whole way: one _direct would not run directly, an option that is
+    not a plain scalar, a tensor that is not on the CPU (cache_seqlens as an int
+    included) or needs a copy on the way (a last stride other than 1, a sink not in
+    fp32)."""
     q = tensors[0]
     if type(q) is not Tensor or not q.is_cpu or _fwd_kvcache not in _IMPLS or \
             not _direct(tensors):
         return None
-    key = [tuple((type(o), o) for o in options)]
+    key = [_kv_options(options)]
+    if key[0] is None:
+        return None
     for t in tensors:
         if t is None:
             key.append(None)
@@ -763,10 +786,11 @@ def _kv_signature(tensors, options):
         if not isinstance(t, Tensor) or not t.is_cpu:
             return None
         stride = t.stride()
-        if stride[-1] != 1 and t.shape[-1] > 1:
+        if stride and stride[-1] != 1 and t.shape[-1] > 1:  # (a 0-dim tensor has none)
             return None
         key.append((t.shape, stride, t.dtype))
-    if tensors[-1] is not None and tensors[-1].dtype != torch.float32:
+    sink = tensors[_KV_FIELDS.index("sink")]
+    if sink is not None and sink.dtype != torch.float32:
         return None
     return tuple(key)
 
@@ -783,7 +807,7 @@ def _kv_prepared_call(entry, tensors, want_lse):
     if want_lse:
         lse = torch.empty(lse_shape, dtype=torch.float32)
         args.softmax_lse.data = lse.data_ptr()
-    for cache in tensors[1:3]:  # as _call bumps the op's mutated arguments
+    for cache in tensors[1:3]:  # k_cache, v_cache: as _call bumps the op's mutated arguments
         torch.autograd.graph.increment_version(cache)
     _lib.call("flashc_fwd_kvcache", args, params, tensors[0].device,
               {"k_new": "k", "v_new": "v"})
@@ -822,11 +846,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                cache_batch_idx, cache_leftpad, block_table, alibi_slopes, learnable_sink)
     options = (softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits,
                return_softmax_lse)
-    try:
-        key = _kv_signature(tensors, options)
-        entry = _kv_prepared.get(key) if key is not None else None
-    except TypeError:  # an option that cannot be a key (a list window_size): the whole way
-        key = entry = None
+    key = _kv_signature(tensors, options)
+    entry = _kv_prepared.get(key) if key is not None else None
     if entry is not None:
         return _kv_prepared_call(entry, tensors, return_softmax_lse)
     fn = "flash_attn_with_kvcache"

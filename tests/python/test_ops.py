@@ -527,6 +527,32 @@ def test_kvcache_prepared(lse, direct_calls, monkeypatch):
     assert len(interface._kv_prepared) == 2
 
 
+def test_kvcache_prepared_keys(direct_calls):
+    """What a prepared signature tells apart: an option's type (window_size (True, -1),
+    (1.0, -1) fail as they fail the whole way after (1, -1) ran), an option that is a
+    tensor (never prepared: its value can change in place), and a 0-dim cache_seqlens
+    (prepared: a tensor like any other)."""
+    call = flashc.flash_attn_with_kvcache
+    call(**kv_args(150, [3, 6]), window_size=(1, -1))
+    assert len(interface._kv_prepared) == 1
+    for window in ((True, -1), (1.0, -1), (1, -1.0)):
+        with pytest.raises(flashc.FlashcArgumentError, match="must be an int"):
+            call(**kv_args(150, [3, 6]), window_size=window)
+    cap = torch.tensor(1.0)
+    first = call(**kv_args(151, [3, 6]), softcap=cap)
+    cap.fill_(50.0)
+    again = call(**kv_args(151, [3, 6]), softcap=cap)
+    assert torch.equal(again, call(**kv_args(151, [3, 6]), softcap=50.0))
+    assert not torch.equal(first, again)
+    seqlens = torch.tensor(4, dtype=torch.int32)
+    outs = [call(**kv_args(152, [4, 4], cache_seqlens=seqlens)) for _ in range(2)]
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(outs[0], call(**kv_args(152, [4, 4])))
+    calls = direct_calls[interface._fwd_kvcache]
+    call(**kv_args(152, [4, 4], cache_seqlens=seqlens))
+    assert direct_calls[interface._fwd_kvcache] == calls  # prepared
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_kvcache_not_prepared_on_cuda(direct_calls):
     """CUDA tensors go the whole way every call (the stream, the workspace, the device)."""
