@@ -55,7 +55,8 @@ def main():
                 h, hk, sk = (int(x) for x in shape.split("/"))
                 g = torch.Generator().manual_seed(h * 10007 + hk * 101 + sk)
                 q, k, v = (torch.randn(1, s, n, args.headdim, generator=g).to(
-                    device=args.device, dtype=dtypes[dtype]) for s, n in ((1, h), (sk, hk), (sk, hk)))
+                    device=args.device, dtype=dtypes[dtype])
+                    for s, n in ((1, h), (sk, hk), (sk, hk)))
                 qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
                 callers = (lambda: flashc.flash_attn_with_kvcache(q, k, v),
                            lambda: flashc.flash_attn_func(q, k, v),

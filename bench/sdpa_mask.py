@@ -8,9 +8,10 @@ mask object: HF transformers passes one mask to every layer, a new one every ste
 Masks of shape (batch, 1, S, S), as HF transformers passes them: bool causal with left-padded
 keys, bool key padding only, and bf16 causal with right-padded keys filled with the dtype's
 minimum (HF's additive mask); batch b has 100 * (b + 1) padded keys (with --batch 1, the
-calls run on slices of q, k and v; with more, on gathered rows). Prints one CSV row per mask: the best of --reps calls in
-milliseconds (on CUDA with a device synchronisation around each call) and the calls of the plan
-(or the fallback reason). Heads do not matter: the mask has one.
+calls run on slices of q, k and v; with more, on gathered rows). Prints one CSV row per
+mask: the best of --reps calls in milliseconds (on CUDA with a device synchronisation
+around each call) and the calls of the plan (or the fallback reason). Heads do not
+matter: the mask has one.
 
 With --heads H (and --headdim D), also the whole forward call, bf16 (B, H, S, D) query, key and
 value under each mask: torch's own scaled_dot_product_attention with the mask ("torch_ms"),

@@ -30,9 +30,9 @@
  *   aborts. Every entry point validates all of its arguments before it touches
  *   memory: a call that returns an error has written nothing.
  * - Strides are in elements. The last dimension must be contiguous (stride 1;
- *   any stride when it has size 1, as torch may leave it); every other stride is free, so packed layouts such as qkvpacked [B,S,3,H,D]
- *   are plain views (q = base, k = base + H*D, v = base + 2*H*D, each with
- *   stride[1] = 3*H*D).
+ *   any stride when it has size 1, as torch may leave it); every other stride
+ *   is free, so packed layouts such as qkvpacked [B,S,3,H,D] are plain views
+ *   (q = base, k = base + H*D, v = base + 2*H*D, each with stride[1] = 3*H*D).
  * - Workspace: ask its size, pass a buffer of at least that many bytes aligned to
  *   256 bytes (FLASHC_WORKSPACE_ALIGN). A size of 0 means none is needed. Passing
  *   workspace = NULL with workspace_bytes = 0 when some is needed makes the library

@@ -400,10 +400,14 @@ def _fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor
                  cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
                  block_table=block_table, alibi_slopes=alibi_slopes, out=out,
                  softmax_lse=lse, sink=learnable_sink)
-    _run("flashc_fwd_kvcache", args, q.device, rename={"k_new": "k", "v_new": "v"},
+    _run("flashc_fwd_kvcache", args, q.device, rename=_KV_RENAME,
          **_kv_fields(softmax_scale, causal, window_left, window_right, softcap,
                       rotary_interleaved, num_splits))
     return out, lse
+
+
+# the C names of the KV-cache call's appended rows, as its Python caller names them
+_KV_RENAME = {"k_new": "k", "v_new": "v"}
 
 
 def _kv_fields(softmax_scale, causal, window_left, window_right, softcap, rotary_interleaved,
@@ -736,9 +740,9 @@ flash_attn_varlen_kvpacked_func.__doc__ = """flash_attn_varlen_func on q and kv 
 # whole way: the checks here, the op's function, _fill, params. A call of a signature seen
 # before copies the args struct and params that call recorded, sets the tensors' data
 # pointers and calls the library, which validates every argument again as always. Only
-# for calls _direct would run directly, on plain CPU tensors, that no step changes on the
-# way (no copy by _maybe_contiguous or _sink32, cache_seqlens a tensor); others, and CUDA
-# tensors, go the whole way every time.
+# for calls _direct would run directly, on plain CPU tensors, with plain scalar options,
+# that no step changes on the way (no copy by _maybe_contiguous or _sink32, cache_seqlens
+# not an int); others, and CUDA tensors, go the whole way every time.
 _KV_FIELDS = ("q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos", "rotary_sin",
               "cache_seqlens", "cache_batch_idx", "cache_leftpad", "block_table",
               "alibi_slopes", "sink")
@@ -809,8 +813,7 @@ def _kv_prepared_call(entry, tensors, want_lse):
         args.softmax_lse.data = lse.data_ptr()
     for cache in tensors[1:3]:  # k_cache, v_cache: as _call bumps the op's mutated arguments
         torch.autograd.graph.increment_version(cache)
-    _lib.call("flashc_fwd_kvcache", args, params, tensors[0].device,
-              {"k_new": "k", "v_new": "v"})
+    _lib.call("flashc_fwd_kvcache", args, params, tensors[0].device, _KV_RENAME)
     return (out, lse) if want_lse else out
 
 

@@ -543,7 +543,7 @@ static inline __attribute__((always_inline)) __m256 fc_row8(flashc_dtype dt, con
 
 static inline __attribute__((always_inline)) void
 fc_dot_rows_nq(const int NQ, flashc_dtype dt, int nk, int D, const void *const *krows,
-             const float *q, int ldq, float *s, int lds) {
+               const float *q, int ldq, float *s, int lds) {
     const int R = NQ >= 8 ? 1 : 8 / NQ;
     for (int r0 = 0; r0 < nk; r0 += R) {
         const int nr = nk - r0 < R ? nk - r0 : R;
@@ -557,7 +557,8 @@ fc_dot_rows_nq(const int NQ, flashc_dtype dt, int nk, int D, const void *const *
             const int n = D - d < 8 ? D - d : 8;
             __m256 qv[8];
 #pragma GCC unroll 8
-            for (int c = 0; c < NQ; c++) qv[c] = fc_row8(FLASHC_DTYPE_FP32, q + (size_t)c * ldq, d, n);
+            for (int c = 0; c < NQ; c++)
+                qv[c] = fc_row8(FLASHC_DTYPE_FP32, q + (size_t)c * ldq, d, n);
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
                 __m256 k = fc_row8(dt, rows[r], d, n);
@@ -570,7 +571,8 @@ fc_dot_rows_nq(const int NQ, flashc_dtype dt, int nk, int D, const void *const *
         for (int r = 0; r < R; r++) /* over the constant R: acc stays in registers */
             if (r < nr)
 #pragma GCC unroll 8
-                for (int c = 0; c < NQ; c++) s[(size_t)c * lds + r0 + r] = fc_hsum(acc[r * NQ + c]);
+                for (int c = 0; c < NQ; c++)
+                    s[(size_t)c * lds + r0 + r] = fc_hsum(acc[r * NQ + c]);
     }
 }
 
@@ -581,7 +583,7 @@ static void fc_avx2_dot_rows(flashc_dtype dt, int nk, int D, const void *const *
 
 static inline __attribute__((always_inline)) void
 fc_axpy_rows_nq(const int NQ, flashc_dtype dt, int nv, int Dv, const void *const *vrows,
-              const float *p, int ldp, float *o, int ldo) {
+                const float *p, int ldp, float *o, int ldo) {
     const int W = NQ == 1 ? 8 : NQ == 2 ? 4 : NQ <= 4 ? 2 : 1; /* NQ W <= 8 accumulators */
     for (int d = 0; d < Dv; d += 8 * W) {
         int n[8];
