@@ -229,12 +229,25 @@ def describe_into(d, t, name):
     d.device = device
 
 
+# torch's current stream of a device as its raw handle, without building a Stream object
+# (torch's private _cuda_getCurrentRawStream, what its own kernel launchers call; the
+# public path where a torch lacks it)
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def stream(device):
+    """The raw handle of torch's current stream on CUDA device `device`."""
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return (_RAW_STREAM(index) if _RAW_STREAM is not None else
+            torch.cuda.current_stream(index).cuda_stream)
+
+
 def params(device, **fields):
     """flashc_params_default() (all zeros, include/flashc.h) with `fields` set; the CUDA
     stream is torch's current one."""
     p = Params(**fields)
     if device.type == "cuda":
-        p.stream = torch.cuda.current_stream(device).cuda_stream
+        p.stream = stream(device)
     return p
 
 

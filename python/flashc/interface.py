@@ -167,12 +167,18 @@ def _fill(struct, **fields):
 
 
 def _run(entry, args, device, rename=None, **fields):
-    """Call `entry` with flashc_params_default() + fields, on device's CUDA device."""
-    if device.type == "cuda":
+    """Call `entry` with flashc_params_default() + fields, on device's CUDA device (made
+    current for the call where another one is)."""
+    _on_device(device, _lib.call, entry, args, _lib.params(device, **fields), device, rename)
+
+
+def _on_device(device, fn, *args):
+    """fn(*args) with device's CUDA device current (switched only where another is)."""
+    if device.type == "cuda" and device.index is not None and \
+            device.index != torch.cuda.current_device():
         with torch.cuda.device(device):
-            _lib.call(entry, args, _lib.params(device, **fields), device, rename)
-    else:
-        _lib.call(entry, args, _lib.params(device, **fields), device, rename)
+            return fn(*args)
+    return fn(*args)
 
 
 def _mask_params(dropout_p, softmax_scale, causal, window_left, window_right, softcap):
