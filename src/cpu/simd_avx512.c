@@ -961,6 +961,10 @@ static void fc_amx_configure(void) {
         c.rows[t] = 16;
         c.colsb[t] = 64;
     }
+    /* gcc 12 declares _tile_loadconfig as reading only 8 bytes of the 64, so
+     * the stores above could be dropped as dead (a microbenchmark's were: the
+     * tiles were never configured, SIGILL); the empty asm reads all of c. */
+    __asm__ volatile("" : : "m"(c));
     _tile_loadconfig(&c);
 }
 
