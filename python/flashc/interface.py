@@ -16,10 +16,10 @@ six on torch < 2.4. A forward call that none of that machinery would see (no inp
 requires grad under grad mode, no compiling or tracing, no torch function or dispatch
 mode, no functorch transform, plain CPU or CUDA tensors: _direct) runs the op's Python
 function itself (_call), without torch's custom-op dispatch, which took about half of the
-time of a small decode call (bench/NOTES.md); the results are the op's, bit for bit. A
-flash_attn_with_kvcache call on CPU tensors that repeats an earlier call's signature
-(shapes, strides, dtypes, options) reuses that call's args struct and params, only its
-data pointers set anew (_kv_prepared_call: 51 -> 14 us a one-head call on a 2-core VM).
+time of a small decode call (bench/NOTES.md); the results are the op's, bit for bit. Such
+a flash_attn_func or flash_attn_with_kvcache call that repeats an earlier call's signature
+(shapes, strides, dtypes, device, options) reuses that call's args struct and params, only
+its data pointers set anew (_Recipe: 51 -> 14 us a one-head KV-cache call on a 2-core VM).
 
 Where flashc differs from flash_attn on purpose:
 - head dims that are not a multiple of 8 are passed as they are: the library takes
@@ -628,6 +628,15 @@ def _row_sequences(cu_seqlens, total, device):
 
 def _attn(fn, packing, a, b, c, varlen, dropout_p, softmax_scale, causal, window_size, softcap,
           alibi_slopes, deterministic, return_attn_probs, learnable_sink):
+    key = None
+    if not packing and varlen is None and type(dropout_p) in (int, float) and not dropout_p:
+        tensors = (a, b, c, alibi_slopes, learnable_sink)
+        key = _FWD_PREPARED.signature(tensors, (dropout_p, softmax_scale, causal, window_size,
+                                                softcap, deterministic, return_attn_probs))
+        entry = _prepared.get(key) if key is not None else None
+        if entry is not None:
+            made = _FWD_PREPARED.call(entry, tensors)
+            return tuple(made) if return_attn_probs else made[0]
     if packing == "qkv":
         _rank(fn, "qkv", a, {5: "(batch, seqlen, 3, nheads, headdim)"} if varlen is None else
               {4: "(total, 3, nheads, headdim)"})
@@ -642,9 +651,17 @@ def _attn(fn, packing, a, b, c, varlen, dropout_p, softmax_scale, causal, window
                       {3: _THD, 4: "(num_blocks, page_size, nheads, headdim)"})
             _rank(fn, "k", b, shapes)
             _rank(fn, "v", c, shapes)
-    out, lse, probs = _attention(packing, a, b, c, varlen, dropout_p, _scale(softmax_scale),
-                                 causal, _window(window_size), softcap, alibi_slopes,
-                                 deterministic, return_attn_probs, learnable_sink)
+    softmax_scale, window_size = _scale(softmax_scale), _window(window_size)
+    out, lse, probs = _attention(packing, a, b, c, varlen, dropout_p, softmax_scale, causal,
+                                 window_size, softcap, alibi_slopes, deterministic,
+                                 return_attn_probs, learnable_sink)
+    if key is not None and not _no_work(a, b, c, True):
+        outputs = (("out", out),)
+        if return_attn_probs:
+            written = _probs_written(a.device, dropout_p, True)
+            outputs += (("softmax_lse", lse), ("attn_probs" if written else None, probs))
+        _FWD_PREPARED.record(key, tensors, outputs, _lib.params(
+            a.device, **_mask_params(dropout_p, softmax_scale, causal, *window_size, softcap)))
     return (out, lse, probs) if return_attn_probs else out
 
 
@@ -740,99 +757,129 @@ flash_attn_varlen_kvpacked_func.__doc__ = """flash_attn_varlen_func on q and kv 
     2, nheads_k, headdim).""" + _COMMON_DOC
 
 
-# ---- flash_attn_with_kvcache's prepared calls (CPU tensors) ----
-# A decode loop makes the same call every step but for the tensors' data. The first call
-# of a signature (every tensor's shape, strides and dtype, and every option) goes the
-# whole way: the checks here, the op's function, _fill, params. A call of a signature seen
-# before copies the args struct and params that call recorded, sets the tensors' data
-# pointers and calls the library, which validates every argument again as always. Only
-# for calls _direct would run directly, on plain CPU tensors, with plain scalar options,
-# that no step changes on the way (no copy by _maybe_contiguous or _sink32, cache_seqlens
-# not an int); others, and CUDA tensors, go the whole way every time.
-_KV_FIELDS = ("q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos", "rotary_sin",
-              "cache_seqlens", "cache_batch_idx", "cache_leftpad", "block_table",
-              "alibi_slopes", "sink")
-_KV_PREPARED_MAX = 64  # signatures kept; the table is emptied when it is full
-_kv_prepared = {}  # signature -> (args struct, params, fields set per call, out and lse shapes)
+# ---- prepared calls: flash_attn_func and flash_attn_with_kvcache ----
+# An inference loop makes the same call every step but for the tensors' data. The first
+# call of a signature (every tensor's shape, strides, dtype and device, and every option)
+# goes the whole way: the checks here, the op's function, _fill, params. A call of a
+# signature seen before copies the args struct and params that call recorded, sets the
+# tensors' data pointers (on CUDA also torch's current stream) and calls the library,
+# which validates every argument again as always (on CUDA with a workspace of the size it
+# asks for, as every call). Only for calls _direct would run directly (autograd records
+# nothing), with every tensor on q's device and plain scalar options, that no step
+# changes on the way (no copy by _maybe_contiguous or _sink32, no dropout, cache_seqlens
+# not an int); others go the whole way every time.
+_PREPARED_MAX = 64  # signatures kept; the table is emptied when it is full
+# (entry point, signature) -> (args struct, params, the tensor fields set per call, the
+# outputs made per call: (field or None, shape, dtype))
+_prepared = {}
+_SCALARS = (int, float, bool, type(None))
 
 
-_KV_SCALARS = (int, float, bool, type(None))
+class _Recipe:
+    """One public function's prepared calls: its op, the C entry point and its args
+    struct, the struct's names of the tensors the function passes (in that order), the
+    map of C names in an error message to the function's, and the positions of the
+    tensors the op mutates (whose version counters a call moves, as _call does)."""
+
+    def __init__(self, op, entry, struct, fields, rename=None):
+        self.op, self.entry, self.struct, self.fields = op, entry, struct, fields
+        self.rename = rename
+        self.ready = op in _IMPLS
+        mutated = ()
+        if self.ready:
+            fn, indices = _IMPLS[op]
+            names = list(inspect.signature(fn).parameters)
+            renamed = {v: k for k, v in (rename or {}).items()}
+            mutated = tuple(fields.index(renamed.get(names[i], names[i])) for i in indices)
+        self.mutated = mutated
+
+    def signature(self, tensors, options):
+        """The key of a call (_prepared's), or None when the call must go the whole way:
+        one _direct would not run directly, an option that is not a plain scalar, a
+        tensor that is not on q's device (an int cache_seqlens included) or needs a copy
+        on the way (a last stride other than 1, a sink not in fp32)."""
+        q = tensors[0]
+        if not self.ready or type(q) is not Tensor or not _direct(tensors):
+            return None
+        options = _options_key(options)
+        if options is None:
+            return None
+        device = q.get_device()  # -1: the CPU
+        key = [self.entry, device, options]
+        for t in tensors:
+            if t is None:
+                key.append(None)
+                continue
+            if not isinstance(t, Tensor) or t.get_device() != device:
+                return None
+            stride = t.stride()
+            if stride and stride[-1] != 1 and t.shape[-1] > 1:  # (a 0-dim tensor has none)
+                return None
+            key.append((t.shape, stride, t.dtype))
+        sink = tensors[-1]  # every recipe's last field
+        if sink is not None and sink.dtype != torch.float32:
+            return None
+        return tuple(key)
+
+    def call(self, entry, tensors):
+        """A call of a prepared signature (_prepared's entry) on these tensors: the
+        outputs it made, in the order they were recorded."""
+        template, params, fields, outputs = entry
+        args = self.struct.from_buffer_copy(template)
+        for name, i in fields:
+            getattr(args, name).data = tensors[i].data_ptr()
+        device = tensors[0].device
+        made = []
+        for name, shape, dtype in outputs:
+            t = torch.empty(shape, dtype=dtype, device=device)
+            if name is not None:
+                getattr(args, name).data = t.data_ptr()
+            made.append(t)
+        if device.type == "cuda":  # the stream is the current one of this call
+            params = _lib.Params.from_buffer_copy(params)
+            params.stream = _lib.stream(device)
+        for i in self.mutated:
+            torch.autograd.graph.increment_version(tensors[i])
+        _on_device(device, _lib.call, self.entry, args, params, device, self.rename)
+        return made
+
+    def record(self, key, tensors, outputs, params):
+        """Record the call that went the whole way under `key`: its tensors, outputs
+        ((field or None, tensor): those the library writes, and those it does not, which
+        a prepared call makes all the same) and params."""
+        fields = [(name, i) for i, (name, t) in enumerate(zip(self.fields, tensors))
+                  if t is not None]
+        template = _fill(self.struct, **{name: tensors[i] for name, i in fields},
+                         **{name: t for name, t in outputs if name is not None})
+        if len(_prepared) >= _PREPARED_MAX:
+            _prepared.clear()
+        _prepared[key] = (template, params, fields,
+                          tuple((name, tuple(t.shape), t.dtype) for name, t in outputs))
 
 
-def _kv_options(options):
+def _options_key(options):
     """The options' part of a signature: each option (window_size's sides each) with its
     type, so that True, 1 and 1.0 differ as _window and _scale tell them apart; None for
     an option that is not a plain Python scalar (a tensor's value could change in place)."""
     key = []
     for o in options:
         if type(o) in (tuple, list):
-            if not all(type(w) in _KV_SCALARS for w in o):
+            if not all(type(w) in _SCALARS for w in o):
                 return None
             key.append((type(o), tuple((type(w), w) for w in o)))
-        elif type(o) in _KV_SCALARS:
+        elif type(o) in _SCALARS:
             key.append((type(o), o))
         else:
             return None
     return tuple(key)
 
 
-def _kv_signature(tensors, options):
-    """The signature of a flash_attn_with_kvcache call (_kv_prepared's key), or None when
-    the call must go the whole way: one _direct would not run directly, an option that is
-    not a plain scalar, a tensor that is not on the CPU (cache_seqlens as an int
-    included) or needs a copy on the way (a last stride other than 1, a sink not in
-    fp32)."""
-    q = tensors[0]
-    if type(q) is not Tensor or not q.is_cpu or _fwd_kvcache not in _IMPLS or \
-            not _direct(tensors):
-        return None
-    key = [_kv_options(options)]
-    if key[0] is None:
-        return None
-    for t in tensors:
-        if t is None:
-            key.append(None)
-            continue
-        if not isinstance(t, Tensor) or not t.is_cpu:
-            return None
-        stride = t.stride()
-        if stride and stride[-1] != 1 and t.shape[-1] > 1:  # (a 0-dim tensor has none)
-            return None
-        key.append((t.shape, stride, t.dtype))
-    sink = tensors[_KV_FIELDS.index("sink")]
-    if sink is not None and sink.dtype != torch.float32:
-        return None
-    return tuple(key)
-
-
-def _kv_prepared_call(entry, tensors, want_lse):
-    """The call of a prepared signature: _kv_prepared's entry on these tensors."""
-    template, params, fields, out_shape, lse_shape = entry
-    args = _lib.KvcacheArgs.from_buffer_copy(template)
-    for name, i in fields:
-        getattr(args, name).data = tensors[i].data_ptr()
-    out = torch.empty(out_shape, dtype=tensors[0].dtype)
-    args.out.data = out.data_ptr()
-    lse = None
-    if want_lse:
-        lse = torch.empty(lse_shape, dtype=torch.float32)
-        args.softmax_lse.data = lse.data_ptr()
-    for cache in tensors[1:3]:  # k_cache, v_cache: as _call bumps the op's mutated arguments
-        torch.autograd.graph.increment_version(cache)
-    _lib.call("flashc_fwd_kvcache", args, params, tensors[0].device, _KV_RENAME)
-    return (out, lse) if want_lse else out
-
-
-def _kv_prepare(key, tensors, out, lse, want_lse, params):
-    """Record the args struct and params of a call that went the whole way under its
-    signature key (its out and lse as they were made), for _kv_prepared_call."""
-    fields = [(name, i) for i, (name, t) in enumerate(zip(_KV_FIELDS, tensors))
-              if t is not None]
-    template = _fill(_lib.KvcacheArgs, out=out, softmax_lse=lse if want_lse else None,
-                     **{name: tensors[i] for name, i in fields})
-    if len(_kv_prepared) >= _KV_PREPARED_MAX:
-        _kv_prepared.clear()
-    _kv_prepared[key] = (template, params, fields, tuple(out.shape), tuple(lse.shape))
+_FWD_PREPARED = _Recipe(_fwd, "flashc_fwd", _lib.FwdArgs,
+                        ("q", "k", "v", "alibi_slopes", "sink"))
+_KV_PREPARED = _Recipe(_fwd_kvcache, "flashc_fwd_kvcache", _lib.KvcacheArgs,
+                       ("q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos",
+                        "rotary_sin", "cache_seqlens", "cache_batch_idx", "cache_leftpad",
+                        "block_table", "alibi_slopes", "sink"), _KV_RENAME)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
@@ -855,10 +902,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                cache_batch_idx, cache_leftpad, block_table, alibi_slopes, learnable_sink)
     options = (softmax_scale, causal, window_size, softcap, rotary_interleaved, num_splits,
                return_softmax_lse)
-    key = _kv_signature(tensors, options)
-    entry = _kv_prepared.get(key) if key is not None else None
+    key = _KV_PREPARED.signature(tensors, options)
+    entry = _prepared.get(key) if key is not None else None
     if entry is not None:
-        return _kv_prepared_call(entry, tensors, return_softmax_lse)
+        made = _KV_PREPARED.call(entry, tensors)
+        return tuple(made) if return_softmax_lse else made[0]
     fn = "flash_attn_with_kvcache"
     _rank(fn, "q", q, {4: _BSHD})
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -882,7 +930,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                     window_right, softcap, rotary_interleaved, num_splits,
                                     _sink32(learnable_sink)))
     if key is not None and q.numel() and k_cache.numel() and v_cache.numel():
-        _kv_prepare(key, tensors, out, lse, return_softmax_lse, _lib.params(
+        outputs = (("out", out), ("softmax_lse", lse)) if return_softmax_lse else \
+            (("out", out),)
+        _KV_PREPARED.record(key, tensors, outputs, _lib.params(
             q.device, **_kv_fields(softmax_scale, causal, window_left, window_right, softcap,
                                    rotary_interleaved, num_splits)))
     return (out, lse) if return_softmax_lse else out

@@ -15,6 +15,10 @@ own checks, on CPU tensors.
   functions, flash_attn_with_kvcache appending to its caches), the caches' versions bumped,
   and the op taken instead under autograd, torch.compile (no grad), dispatch and torch
   function modes, a tensor subclass, fake and meta tensors.
+- the prepared calls of flash_attn_func and flash_attn_with_kvcache (interface._prepared,
+  CPU and CUDA tensors): a repeated signature skips the op's function and gives its results
+  bit for bit; what a signature tells apart; the calls never prepared; a CUDA graph
+  capturing a prepared call.
 - torch.export.export (strict and not) of a small module that calls flash_attn_func,
   flash_attn_qkvpacked_func, flashc.v3.flash_attn_func or FA3's private
   _flash_attn_forward, with a dynamic batch and sequence length: the graph calls flashc::fwd
@@ -28,7 +32,7 @@ import torch
 
 import flashc
 from flashc import interface, v3
-from test_flashc import cu, rand
+from test_flashc import DEVICES, call_or_skip, cu, rand
 
 pytestmark = pytest.mark.skipif(not interface._CUSTOM_OP,
                                 reason="torch < 2.4 has no torch.library.custom_op")
@@ -350,8 +354,8 @@ def test_autograd_function_path(case, monkeypatch):
 @pytest.fixture
 def direct_calls(monkeypatch):
     """Counts, per op, the calls interface._call ran directly (not through the op); no
-    KV-cache call prepared yet (each signature's first call runs the op's function)."""
-    monkeypatch.setattr(interface, "_kv_prepared", {})
+    call prepared yet (each signature's first call runs the op's function)."""
+    monkeypatch.setattr(interface, "_prepared", {})
     assert interface._DIRECT_CHECKS and {interface._fwd, interface._varlen_fwd,
                                          interface._fwd_kvcache} <= set(interface._IMPLS), \
         "no direct call on this torch"
@@ -462,17 +466,27 @@ def kv_args(seed, seqlens, **over):
     return args
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("lse", [False, True])
-def test_kvcache_prepared(lse, direct_calls, monkeypatch):
-    """flash_attn_with_kvcache's prepared calls (interface._kv_prepared): the first call
+def test_kvcache_prepared(device, lse, direct_calls, monkeypatch):
+    """flash_attn_with_kvcache's prepared calls (interface._prepared): the first call
     of a signature runs the op's function and is recorded; later calls with new data (q,
     caches, cache_seqlens' values) run prepared, bit for bit what the op gives, caches
-    updated and their versions moved; a bad cache_seqlens value fails prepared as it
-    fails the whole way. Another option is another signature; a bf16 sink, a last stride
-    of 2 and an int cache_seqlens are never prepared."""
-    angle = rand(10, 4, seed=43)
+    updated and their versions moved; on the CPU, a bad cache_seqlens value fails
+    prepared as it fails the whole way (CUDA clamps it). Another option is another
+    signature; a bf16 sink, a last stride of 2 and an int cache_seqlens are never
+    prepared."""
+    dt = torch.bfloat16 if device == "cuda" else torch.float32  # (CUDA: 16-bit only)
+    angle = rand(10, 4, seed=43).to(device, dt)
     kw = dict(rotary_cos=angle.cos(), rotary_sin=angle.sin(), causal=True,
               return_softmax_lse=lse)
+
+    def args_on(*a, **over):
+        return {n: t.to(device, dt if t.is_floating_point() else t.dtype)
+                if isinstance(t, torch.Tensor) else t for n, t in kv_args(*a, **over).items()}
+
+    def rand_on(*a, **k):
+        return rand(*a, **k).to(device, dt)
 
     def run(args, **more):
         a = dict(args, k_cache=args["k_cache"].clone(), v_cache=args["v_cache"].clone())
@@ -488,21 +502,21 @@ def test_kvcache_prepared(lse, direct_calls, monkeypatch):
 
     op = interface._fwd_kvcache
     for seed, seqlens in [(60, [3, 6]), (70, [5, 0]), (80, [8, 1])]:
-        args = kv_args(seed, seqlens)
+        args = args_on(seed, seqlens)
         want = via_op(args)
         got = run(args)
-        assert direct_calls[op] == 1 and len(interface._kv_prepared) == 1
+        assert direct_calls[op] == 1 and len(interface._prepared) == 1
         assert len(got) == len(want) and all(torch.equal(g, w) for g, w in zip(got, want))
-    args = kv_args(85, [1, 4])  # return_softmax_lse is part of the signature
+    args = args_on(85, [1, 4])  # return_softmax_lse is part of the signature
     other = flashc.flash_attn_with_kvcache(**args, **dict(kw, return_softmax_lse=not lse))
     assert isinstance(other, tuple) != lse and direct_calls[op] == 2
-    want = flashc.flash_attn_with_kvcache(**kv_args(85, [1, 4]), **kw)
+    want = flashc.flash_attn_with_kvcache(**args_on(85, [1, 4]), **kw)
     assert torch.equal(want[0] if lse else want, other if lse else other[0])
-    interface._kv_prepared.clear()
+    interface._prepared.clear()
     direct_calls[op] = 0
-    run(kv_args(60, [3, 6]))
-    bad = kv_args(90, [9, 0])  # 9 + 2 appended rows > the cache's 10
-    for calls in (1, 2):  # the whole way (no call of the op's function), then prepared
+    run(args_on(60, [3, 6]))
+    bad = args_on(90, [9, 0])  # 9 + 2 appended rows > the cache's 10
+    for calls in (1, 2) if device == "cpu" else ():  # the whole way, then prepared
         with pytest.raises(flashc.FlashcArgumentError) as whole:
             via_op(bad)
         with pytest.raises(flashc.FlashcArgumentError) as prepared:
@@ -510,21 +524,21 @@ def test_kvcache_prepared(lse, direct_calls, monkeypatch):
         assert str(whole.value) == str(prepared.value) and "k_new" not in str(whole.value)
     assert direct_calls[op] == 1
     for seed in (100, 110):  # another option: its own signature, prepared from its second
-        args = kv_args(seed, [2, 2])
+        args = args_on(seed, [2, 2])
         assert all(torch.equal(g, w) for g, w in zip(run(args, softcap=3.0),
                                                      via_op(args, softcap=3.0)))
-    assert direct_calls[op] == 2 and len(interface._kv_prepared) == 2
-    never = [dict(learnable_sink=rand(4, seed=120).bfloat16()),
-             dict(q=rand(2, 2, 4, 32, seed=121)[..., ::2]), dict(cache_seqlens=3)]
+    assert direct_calls[op] == 2 and len(interface._prepared) == 2
+    never = [dict(learnable_sink=rand_on(4, seed=120).bfloat16()),
+             dict(q=rand_on(2, 2, 4, 32, seed=121)[..., ::2]), dict(cache_seqlens=3)]
     for over in never:
-        args = kv_args(130, [3, 6], **{k: t for k, t in over.items() if k != "learnable_sink"})
+        args = args_on(130, [3, 6], **{k: t for k, t in over.items() if k != "learnable_sink"})
         sink = over.get("learnable_sink")
         for _ in range(2):
             calls = direct_calls[op]
             got, want = run(args, learnable_sink=sink), via_op(args, learnable_sink=sink)
             assert direct_calls[op] == calls + 1
             assert all(torch.equal(g, w) for g, w in zip(got, want))
-    assert len(interface._kv_prepared) == 2
+    assert len(interface._prepared) == 2
 
 
 def test_kvcache_prepared_keys(direct_calls):
@@ -534,7 +548,7 @@ def test_kvcache_prepared_keys(direct_calls):
     (prepared: a tensor like any other)."""
     call = flashc.flash_attn_with_kvcache
     call(**kv_args(150, [3, 6]), window_size=(1, -1))
-    assert len(interface._kv_prepared) == 1
+    assert len(interface._prepared) == 1
     for window in ((True, -1), (1.0, -1), (1, -1.0)):
         with pytest.raises(flashc.FlashcArgumentError, match="must be an int"):
             call(**kv_args(150, [3, 6]), window_size=window)
@@ -553,14 +567,352 @@ def test_kvcache_prepared_keys(direct_calls):
     assert direct_calls[interface._fwd_kvcache] == calls  # prepared
 
 
+# ---- flash_attn_func's prepared calls ----
+def func_inputs(seed, device, dtype, b=2, sq=3, sk=5, h=4, hk=2, d=40, dv=None, alibi=None,
+                sink=False):
+    """Fresh flash_attn_func inputs of seed on device: (q, k, v) of dtype (v's head dim dv,
+    default d) and {alibi_slopes: fp32 (nheads,) for alibi "h", (batch, nheads) for "bh",
+    else None; learnable_sink: fp32 (nheads,) with sink, else None}."""
+    q = rand(b, sq, h, d, device=device, dtype=dtype, seed=seed)
+    k = rand(b, sk, hk, d, device=device, dtype=dtype, seed=seed + 1)
+    v = rand(b, sk, hk, dv or d, device=device, dtype=dtype, seed=seed + 2)
+    slopes = None if alibi is None else \
+        rand(*((h,) if alibi == "h" else (b, h)), device=device, seed=seed + 3).abs()
+    return (q, k, v), dict(alibi_slopes=slopes,
+                           learnable_sink=rand(h, device=device, seed=seed + 4) if sink else None)
+
+
+def func_dtype(name, device):
+    """bf16 for "bf16"; for "other" fp32 on the CPU and fp16 on CUDA."""
+    return torch.bfloat16 if name == "bf16" else \
+        torch.float32 if device == "cpu" else torch.float16
+
+
+def func_via_op(monkeypatch, *args, **kw):
+    """flashc.flash_attn_func(*args, **kw) through the registered op (interface._direct off):
+    no signature, nothing prepared or recorded; the reference of the prepared calls."""
+    with monkeypatch.context() as patch:
+        patch.setattr(interface, "_direct", lambda args: False)
+        return flashc.flash_attn_func(*args, **kw)
+
+
+def as_tuple(result):
+    return result if isinstance(result, tuple) else (result,)
+
+
+def same(got, want):
+    """got and want (an output or a tuple of them) are equal bit for bit, tensor for tensor."""
+    got, want = as_tuple(got), as_tuple(want)
+    return len(got) == len(want) and all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+# name -> (func_inputs' shape arguments, flash_attn_func's options, func_dtype's name):
+# GQA and MQA, seqlen_q <, = and > seqlen_k (decode), head dims 40, 72 and 16 (v's 24),
+# ALiBi (nheads,) and (batch, nheads), an fp32 learnable sink, causal, windows, softcap,
+# a given softmax_scale
+FUNC_PREPARED = {
+    "causal-gqa-d40": (dict(sq=3, sk=5, d=40), dict(causal=True), "bf16"),
+    "window-softcap-alibi-mqa-d72": (dict(sq=6, sk=4, hk=1, d=72, alibi="h"),
+                                     dict(window_size=(3, 1), softcap=3.0), "other"),
+    "alibi-bh-sink-scale-dv": (dict(sq=4, sk=4, hk=4, d=16, dv=24, alibi="bh", sink=True),
+                               dict(softmax_scale=0.3, causal=True, window_size=(1, -1)),
+                               "other"),
+    "decode-sink-softcap": (dict(b=1, sq=1, sk=9, h=2, hk=2, sink=True), dict(softcap=2.0),
+                            "bf16"),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("probs", [False, True], ids=["out", "probs"])
+@pytest.mark.parametrize("case", FUNC_PREPARED)
+def test_func_prepared(device, probs, case, direct_calls, monkeypatch):
+    """flash_attn_func's prepared calls (interface._prepared): the first call of a
+    signature runs the op's function and is recorded; later calls with fresh tensors of
+    the same shapes (q, k, v, alibi_slopes and the sink all new) do not, and give the
+    op's results bit for bit: out, and with return_attn_probs softmax_lse and probs (fp32
+    [B, H, Sq, Sk] on the CPU, empty on CUDA without dropout). Each call's outputs are new
+    tensors that follow its inputs (none stale from an earlier call) and that no later
+    call overwrites."""
+    shapes, options, dtype = FUNC_PREPARED[case]
+    dtype = func_dtype(dtype, device)
+    kw = dict(options, return_attn_probs=probs)
+    op = interface._fwd
+    results = []  # (inputs, got, want) of each call, all kept alive
+    for n, seed in enumerate((500, 510, 520)):
+        (q, k, v), tensors = func_inputs(seed, device, dtype, **shapes)
+        got = flashc.flash_attn_func(q, k, v, **kw, **tensors)
+        assert direct_calls[op] == 1 and len(interface._prepared) == 1, n
+        want = func_via_op(monkeypatch, q, k, v, **kw, **tensors)
+        assert same(got, want), n
+        got = as_tuple(got)
+        b, sq, h, _ = q.shape
+        shapes_want = [((b, sq, h, v.shape[-1]), dtype), ((b, h, sq), torch.float32),
+                       ((b, h, sq, k.shape[1]) if device == "cpu" else (0,), torch.float32)]
+        assert [(tuple(t.shape), t.dtype) for t in got] == shapes_want[:len(got)]
+        assert all(t.device == q.device for t in got) and not got[0].isnan().any()
+        for _, earlier, _ in results:  # new data, new results
+            assert all(not torch.equal(g, e) for g, e in zip(got, earlier) if g.numel())
+        results.append(((q, k, v, tensors), got, want))
+    for _, got, want in results:  # no later call wrote into an earlier call's outputs
+        assert same(got, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_func_not_prepared(device, direct_calls, monkeypatch):
+    """Calls that go the whole way every time (the op's function runs, nothing is
+    recorded) though a plain call of the same shapes is prepared, with the results of the
+    op: dropout (reproducible with torch.manual_seed), a bf16 learnable sink (cast on the
+    way), q with a last stride of 2 (copied on the way), softcap given as a tensor (its
+    value can change in place), a call without keys (answered without the library), and
+    the packed functions. Their results are the op's bit for bit."""
+    dtype = func_dtype("other", device)
+    shapes = dict(sq=5, sk=5, h=4, hk=4, d=16)
+    (q, k, v), _ = func_inputs(600, device, dtype, **shapes)
+    flashc.flash_attn_func(q, k, v)
+    plain = flashc.flash_attn_func(q, k, v)
+    assert direct_calls[interface._fwd] == 1 and len(interface._prepared) == 1
+    wide = rand(2, 5, 4, 32, device=device, dtype=dtype, seed=601)[..., ::2]
+    cap = torch.tensor(1.0, device="cpu")
+    no_keys = (q, k[:, :0], v[:, :0])
+    sink16 = rand(4, device=device, seed=602).bfloat16()
+    func = flashc.flash_attn_func
+    cases = {
+        "dropout": (func, (q, k, v), dict(dropout_p=0.25, return_attn_probs=True)),
+        "dropout-0.5": (func, (q, k, v), dict(dropout_p=0.5)),
+        "bf16-sink": (func, (q, k, v), dict(learnable_sink=sink16, return_attn_probs=True)),
+        "q-last-stride-2": (func, (wide, k, v), {}),
+        "softcap-tensor": (func, (q, k, v), dict(softcap=cap)),
+        "no-keys": (func, no_keys, dict(return_attn_probs=True)),
+        "qkvpacked": (flashc.flash_attn_qkvpacked_func, (torch.stack((q, k, v), 2),), {}),
+        "kvpacked": (flashc.flash_attn_kvpacked_func, (q, torch.stack((k, v), 2)), {}),
+    }
+    for name, (fn, args, kw) in list(cases.items()):
+        outs = []
+        for _ in range(2):
+            calls = direct_calls[interface._fwd]
+            torch.manual_seed(7)
+            try:
+                got = fn(*args, **kw)
+            except (TypeError, RuntimeError) as e:  # an option the API does not take
+                assert name == "softcap-tensor", (name, e)
+                del cases[name]
+                break
+            assert direct_calls[interface._fwd] == calls + 1, name
+            assert len(interface._prepared) == 1, name
+            with monkeypatch.context() as patch:
+                patch.setattr(interface, "_direct", lambda args: False)
+                torch.manual_seed(7)
+                assert same(got, fn(*args, **kw)), name
+            outs.append(got)
+        assert not outs or same(outs[0], outs[1]), name  # dropout: torch.manual_seed's mask
+    assert not same(func(q, k, v, dropout_p=0.25), plain)
+    assert torch.equal(func(wide, k, v), func(wide.contiguous(), k, v))
+    assert torch.equal(func(*no_keys), torch.zeros_like(q))
+    if "softcap-tensor" in cases:  # taken: the tensor's value when called is used
+        cap.fill_(50.0)
+        assert torch.equal(func(q, k, v, softcap=cap), func(q, k, v, softcap=50.0))
+        assert not torch.equal(func(q, k, v, softcap=cap), func(q, k, v, softcap=1.0))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_func_prepared_not_with_autograd(device, direct_calls, monkeypatch):
+    """Once plain tensors of these shapes are prepared, q (or an fp32 learnable sink)
+    that requires grad under grad mode still goes through the op and its autograd: the
+    output has a grad_fn and the gradients are those of a call with no table; under
+    no_grad the same tensors run prepared."""
+    dtype = func_dtype("other", device)
+    shapes = dict(sq=4, sk=6, d=16, sink=True)
+    (q, k, v), tensors = func_inputs(700, device, dtype, **shapes)
+    flashc.flash_attn_func(q, k, v, causal=True, **tensors)
+    assert direct_calls[interface._fwd] == 1 and len(interface._prepared) == 1
+    (q, k, v), tensors = func_inputs(710, device, dtype, **shapes)
+    sink = tensors["learnable_sink"]
+    dout = rand(*q.shape, device=device, dtype=dtype, seed=720)
+
+    def grads(which):
+        leaves = [t.detach().clone().requires_grad_(i == which) for i, t in
+                  enumerate((q, k, v, sink))]
+        out = flashc.flash_attn_func(*leaves[:3], causal=True, learnable_sink=leaves[3])
+        assert out.grad_fn is not None
+        return out.detach(), torch.autograd.grad(out, leaves[which], dout)[0]
+
+    for which in (0, 3):  # q, the sink
+        got = call_or_skip(lambda: grads(which), device)
+        assert len(interface._prepared) == 1 and direct_calls[interface._fwd] == 1
+        with monkeypatch.context() as patch:
+            patch.setattr(interface, "_prepared", {})
+            want = grads(which)
+        assert same(got, want) and got[1].abs().sum() > 0
+        with torch.no_grad():  # the same tensors requiring grad: prepared
+            leaf = (q if which == 0 else sink).detach().clone().requires_grad_()
+            args = (leaf, k, v, sink) if which == 0 else (q, k, v, leaf)
+            again = flashc.flash_attn_func(*args[:3], causal=True, learnable_sink=args[3])
+        assert direct_calls[interface._fwd] == 1 and not again.requires_grad
+        assert torch.equal(again, got[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_func_prepared_keys(device, direct_calls, monkeypatch):
+    """What a prepared signature of flash_attn_func tells apart: each option (causal,
+    window_size, softmax_scale None, 0.125, 1, softcap, return_attn_probs), an option's type
+    (window_size (True, -1) and (1.0, -1), softmax_scale True fail as they fail with no
+    table after (1, -1) and 1 ran), q's seqlen, strides (q, k, v made (B, H, S, D) and
+    transposed: the same shapes), the dtype; a call of another signature runs the op's
+    function once, is correct, and is prepared from its second call. A q at another
+    offset in its storage (another alignment, the same shape and strides) runs prepared."""
+    op = interface._fwd
+    dtype = func_dtype("other", device)
+
+    def check(new, q, k, v, **kw):
+        """flash_attn_func(q, k, v, **kw) against the op; new: whether it is a new
+        signature (None: either)."""
+        calls, size = direct_calls[op], len(interface._prepared)
+        got = flashc.flash_attn_func(q, k, v, **kw)
+        assert new is None or (direct_calls[op] - calls, len(interface._prepared) - size) == \
+            (int(new), int(new)), kw
+        assert same(got, func_via_op(monkeypatch, q, k, v, **kw)), kw
+        return got
+
+    def fresh(seed, dtype=dtype, **over):
+        return func_inputs(seed, device, dtype, d=16, **over)[0]
+
+    base = check(True, *fresh(800))
+    assert torch.equal(check(False, *fresh(800)), base)
+    for kw in (dict(causal=True), dict(window_size=(1, -1)), dict(softmax_scale=0.125),
+               dict(softmax_scale=1), dict(softcap=2.0), dict(return_attn_probs=True)):
+        first = check(True, *fresh(800), **kw)
+        assert not same(first, base), kw
+        assert torch.equal(as_tuple(check(False, *fresh(800), **kw))[0], as_tuple(first)[0])
+        assert not torch.equal(as_tuple(check(False, *fresh(801), **kw))[0], as_tuple(first)[0])
+    check(None, *fresh(800), softmax_scale=1.0)
+    check(None, *fresh(800), dropout_p=0)
+    check(None, *fresh(800), deterministic=True)
+    for kw in (dict(window_size=(True, -1)), dict(window_size=(1.0, -1)),
+               dict(window_size=(1, -1.0)), dict(softmax_scale=True)):
+        with monkeypatch.context() as patch:
+            patch.setattr(interface, "_prepared", {})
+            with pytest.raises(flashc.FlashcArgumentError) as whole:
+                flashc.flash_attn_func(*fresh(800), **kw)
+        calls, size = direct_calls[op], len(interface._prepared)
+        with pytest.raises(flashc.FlashcArgumentError) as prepared:
+            flashc.flash_attn_func(*fresh(800), **kw)
+        assert str(prepared.value) == str(whole.value), kw
+        assert (direct_calls[op], len(interface._prepared)) == (calls, size), kw
+    check(True, *fresh(810, sq=4))  # another seqlen_q
+    check(False, *fresh(811, sq=4))
+
+    def transposed(seed):  # (B, H, S, D) made, seen as (B, S, H, D)
+        return [t.transpose(1, 2).contiguous().transpose(1, 2) for t in fresh(seed)]
+
+    t = transposed(820)
+    assert t[0].shape == fresh(800)[0].shape and t[0].stride() != fresh(800)[0].stride()
+    check(True, *t)
+    check(False, *transposed(821))
+    check(True, *fresh(830, dtype=torch.bfloat16))
+    check(False, *fresh(831, dtype=torch.bfloat16))
+    q, k, v = fresh(840)
+    buffer = torch.empty(q.numel() + 1, device=device, dtype=dtype)
+    shifted = buffer[1:].view(q.shape)  # one element past the storage's start
+    shifted.copy_(q)
+    assert shifted.stride() == q.stride() and shifted.storage_offset() == 1
+    check(False, shifted, k, v)
+
+
+def test_func_prepared_table_full(direct_calls, monkeypatch):
+    """The table of prepared calls is emptied when full (interface._PREPARED_MAX): the
+    calls after stay correct, and a signature dropped goes the whole way again."""
+    monkeypatch.setattr(interface, "_PREPARED_MAX", 2)
+    op = interface._fwd
+    for n, sq in enumerate((1, 2, 3, 1)):
+        for seed in (900, 901):
+            q, k, v = func_inputs(seed + sq, "cpu", torch.float32, sq=sq, d=8)[0]
+            assert torch.equal(flashc.flash_attn_func(q, k, v),
+                               func_via_op(monkeypatch, q, k, v))
+        assert direct_calls[op] == n + 1 and len(interface._prepared) == (1, 2, 1, 2)[n]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_func_prepared_rejected(device, direct_calls, monkeypatch):
+    """A call the library rejects is never recorded, and raises the same error every time:
+    alibi_slopes of the wrong length, KV heads that do not divide q's. (Every check the
+    library makes on a flash_attn_func call is on what its signature holds, the tensors'
+    shapes, strides, dtypes and devices and the options, none on the tensors' values: no
+    input of a prepared signature can fail at call time, so none is tested here.)"""
+    (q, k, v), _ = func_inputs(950, device, func_dtype("other", device), d=16)
+    flashc.flash_attn_func(q, k, v)
+    calls = direct_calls[interface._fwd]
+    heads3 = [t[:, :, :1].repeat(1, 1, 3, 1) for t in (k, v)]
+    for over in (dict(alibi_slopes=rand(5, device=device, seed=951)),
+                 dict(k=heads3[0], v=heads3[1])):
+        args = dict(dict(q=q, k=k, v=v), **over)
+        errors = []
+        for _ in range(2):
+            with pytest.raises(flashc.FlashcArgumentError) as e:
+                flashc.flash_attn_func(**args)
+            errors.append(str(e.value))
+            calls += 1
+            assert direct_calls[interface._fwd] == calls and len(interface._prepared) == 1
+        assert errors[0] == errors[1]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_kvcache_not_prepared_on_cuda(direct_calls):
-    """CUDA tensors go the whole way every call (the stream, the workspace, the device)."""
-    args = {n: t.cuda() for n, t in kv_args(140, [3, 6]).items()}
-    for calls in (1, 2):
-        flashc.flash_attn_with_kvcache(**args, causal=True)
-        assert direct_calls[interface._fwd_kvcache] == calls
-    assert not interface._kv_prepared
+def test_func_prepared_devices(direct_calls, monkeypatch):
+    """A signature is a device's: the same shapes on the CPU and CUDA are two, each
+    correct; once every tensor on CUDA is prepared, k, v, alibi_slopes or the sink on
+    the CPU (q on CUDA) is never prepared and fails as it fails with no table."""
+    op = interface._fwd
+    for device in ("cpu", "cuda", "cpu", "cuda"):
+        (q, k, v), tensors = func_inputs(960, device, torch.bfloat16, d=16, alibi="h",
+                                         sink=True)
+        got = flashc.flash_attn_func(q, k, v, **tensors)
+        assert torch.equal(got, func_via_op(monkeypatch, q, k, v, **tensors))
+    assert direct_calls[op] == 2 and len(interface._prepared) == 2
+    for name in ("k", "v", "alibi_slopes", "learnable_sink"):
+        (q, k, v), tensors = func_inputs(970, "cuda", torch.bfloat16, d=16, alibi="h",
+                                         sink=True)
+        args = dict(tensors, q=q, k=k, v=v)
+        args[name] = args[name].cpu()
+        with monkeypatch.context() as patch:
+            patch.setattr(interface, "_prepared", {})
+            with pytest.raises(flashc.FlashcError) as whole:
+                flashc.flash_attn_func(**args)
+        with pytest.raises(flashc.FlashcError) as prepared:
+            flashc.flash_attn_func(**args)
+        assert str(prepared.value) == str(whole.value), name
+        assert len(interface._prepared) == 2, name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_func_prepared_cuda_graph(direct_calls, monkeypatch):
+    """A prepared call runs on torch's current stream, not on the stream of the call that
+    recorded it: recorded on the default stream, then captured in a CUDA graph (whose
+    capture a launch on another stream breaks), it replays with new inputs written in
+    place and gives the op's results."""
+    def inputs(seed):
+        (q, k, v), tensors = func_inputs(seed, "cuda", torch.bfloat16, sq=5, sk=7, d=64,
+                                         alibi="h", sink=True)
+        return [q, k, v, tensors["alibi_slopes"], tensors["learnable_sink"]]
+
+    static = inputs(980)
+
+    def call(q, k, v, alibi, sink):
+        return flashc.flash_attn_func(q, k, v, causal=True, alibi_slopes=alibi,
+                                      return_attn_probs=True, learnable_sink=sink)
+
+    call(*static)  # recorded, on the default stream
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call(*static)  # prepared
+    assert direct_calls[interface._fwd] == 1 and len(interface._prepared) == 1
+    for seed in (981, 982):
+        for t, new in zip(static, inputs(seed)):
+            t.copy_(new)
+        graph.replay()
+        torch.cuda.synchronize()
+        with monkeypatch.context() as patch:
+            patch.setattr(interface, "_direct", lambda args: False)
+            assert same(captured, call(*static)), seed
 
 
 def test_direct_not_with_autograd(direct_calls):
