@@ -105,7 +105,8 @@ def _direct(args):
     functionalization, FlopCounterMode, ...), no functorch transform (vmap, grad) is,
     every tensor argument is a plain torch.Tensor (no subclass: FakeTensor,
     FunctionalTensor, DTensor, nn.Parameter) on the CPU or a CUDA device (the op answers
-    meta tensors with its fake), and autograd records nothing (grad mode off, or no input
+    meta tensors with its fake) and without a lazy negation (torch._neg_view: the
+    dispatcher makes it real, its memory holds -x), and autograd records nothing (grad mode off, or no input
     requires grad). Otherwise the registered op runs, which all of those need."""
     if (torch.compiler.is_compiling() or _C._len_torch_dispatch_stack() or
             _C._is_torch_function_mode_enabled() or _C._get_tracing_state() is not None or
@@ -114,7 +115,7 @@ def _direct(args):
     grad = torch.is_grad_enabled()
     for a in args:
         if type(a) is Tensor:
-            if not (a.is_cpu or a.is_cuda) or (grad and a.requires_grad):
+            if not (a.is_cpu or a.is_cuda) or (grad and a.requires_grad) or a.is_neg():
                 return False
         elif a is not None and isinstance(a, Tensor):
             return False

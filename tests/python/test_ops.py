@@ -915,6 +915,20 @@ def test_func_prepared_cuda_graph(direct_calls, monkeypatch):
             assert same(captured, call(*static)), seed
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_direct_not_with_neg_view(device, direct_calls):
+    """A tensor with torch's lazy negation bit (torch._neg_view: memory holds x, the
+    tensor is -x) goes through the op, whose dispatch makes it real: the result is that
+    of -x, on the first call and on a repeated one (never prepared)."""
+    dt = torch.bfloat16 if device == "cuda" else torch.float32
+    q, k, v = (rand(1, 5, 2, 16, seed=s).to(device, dt) for s in (170, 171, 172))
+    want = flashc.flash_attn_func(-q, k, v)
+    calls = direct_calls[interface._fwd]
+    for _ in range(2):
+        assert torch.equal(flashc.flash_attn_func(torch._neg_view(q), k, v), want)
+    assert direct_calls[interface._fwd] == calls
+
+
 def test_direct_not_with_autograd(direct_calls):
     """Inputs that require grad under grad mode go through the op and its registered
     autograd (the gradients are checked against the reference in test_flashc.py); under
