@@ -13,10 +13,18 @@
  * Each runs the library's forward and backward (not the reference's forward),
  * checks against the float64 reference (which propagates NaN too), and for the
  * one-key rows requires exact zeros.
+ * - edge_fp16_nonfinite: fp16 inputs holding inf give the same out and lse on
+ *   every SIMD path this CPU runs as on the scalar one: NaN, +inf, -inf in the
+ *   same places (an inf in V makes inf or NaN outputs, a -inf in q a row that
+ *   sees no key: out 0, lse -inf), finite values within fp16's rounding. The
+ *   amx forward splits fp16 into bf16 halves, whose cross products would turn
+ *   inf x 0 into NaN: it redoes such a tile with fp32 products.
  */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
+#include "support/check.h"
 #include "support/reference.h"
 #include "fc_test.h"
 #include "helpers.h"
@@ -114,7 +122,86 @@ static const th_edge ed_cases[] = {
 #undef HF
 #undef F32
 
+/* ---- fp16 with inf, every SIMD path against the scalar one ---- */
+enum { EN_S = 64, EN_H = 2, EN_D = 24, EN_N = EN_S * EN_H * EN_D };
+
+typedef struct en_case {
+    const char *name;
+    int64_t at;   /* element set to value: in q (which 0) or k (1) or v (2) */
+    int which;
+    double value; /* +-inf */
+} en_case;
+
+static const en_case en_cases[] = {
+    {"v_inf", (5 * EN_H + 1) * EN_D + 3, 2, INFINITY},
+    {"q_minus_inf", (7 * EN_H) * EN_D, 0, -INFINITY},
+    {"k_inf", (40 * EN_H) * EN_D + 2, 1, INFINITY},
+};
+
+/* 0 finite, 1 NaN, 2 +inf, 3 -inf */
+static int en_class(double x) { return isnan(x) ? 1 : isinf(x) ? (x > 0 ? 2 : 3) : 0; }
+
+static void en_fwd(flashc_simd simd, const uint16_t *qkv, double *out, double *lse) {
+    static uint16_t o[EN_N];
+    static float l[EN_H * EN_S];
+    int64_t sh[4] = {1, EN_S, EN_H, EN_D}, ls[3] = {1, EN_H, EN_S};
+    flashc_fwd_args f;
+    memset(&f, 0, sizeof f);
+    f.abi = FLASHC_ABI_VERSION;
+    f.q = flashc_tensor_contiguous((void *)qkv, FLASHC_DTYPE_FP16, 4, sh, FLASHC_DEVICE_CPU);
+    f.k = flashc_tensor_contiguous((void *)(qkv + EN_N), FLASHC_DTYPE_FP16, 4, sh,
+                                   FLASHC_DEVICE_CPU);
+    f.v = flashc_tensor_contiguous((void *)(qkv + 2 * EN_N), FLASHC_DTYPE_FP16, 4, sh,
+                                   FLASHC_DEVICE_CPU);
+    f.out = flashc_tensor_contiguous(o, FLASHC_DTYPE_FP16, 4, sh, FLASHC_DEVICE_CPU);
+    f.softmax_lse = flashc_tensor_contiguous(l, FLASHC_DTYPE_FP32, 3, ls, FLASHC_DEVICE_CPU);
+    flashc_params p = flashc_params_default();
+    p.causal = 1;
+    FC_ASSERT_OK(flashc_set_simd(simd));
+    FC_ASSERT_OK(flashc_fwd(&f, &p, NULL, 0));
+    for (int64_t i = 0; i < EN_N; i++) out[i] = fc_get(o, FLASHC_DTYPE_FP16, i);
+    for (int64_t i = 0; i < EN_H * EN_S; i++) lse[i] = l[i];
+}
+
+static void en_run(const void *param) {
+    const en_case *c = (const en_case *)param;
+    static uint16_t qkv[3 * EN_N];
+    static double o0[EN_N], l0[EN_H * EN_S], o1[EN_N], l1[EN_H * EN_S];
+    for (int64_t i = 0; i < 3 * EN_N; i++)
+        fc_set(qkv, FLASHC_DTYPE_FP16, i, fc_rand_uniform(-1.0, 1.0));
+    if (c->which == 0) /* q's element against a key column of one sign: every score -inf */
+        for (int64_t j = 0; j < EN_S; j++)
+            fc_set(qkv + EN_N, FLASHC_DTYPE_FP16, (j * EN_H) * EN_D, 0.5);
+    fc_set(qkv + c->which * EN_N, FLASHC_DTYPE_FP16, c->at, c->value);
+    flashc_simd saved = flashc_simd_active();
+    en_fwd(FLASHC_SIMD_SCALAR, qkv, o0, l0);
+    int nonfinite = 0;
+    for (int64_t i = 0; i < EN_N; i++) nonfinite += en_class(o0[i]) != 0;
+    for (int64_t i = 0; i < EN_H * EN_S; i++) nonfinite += en_class(l0[i]) != 0;
+    FC_EXPECT_TRUE(nonfinite > 0); /* the case reaches the outputs */
+    for (int s = FLASHC_SIMD_AVX2; s < FLASHC_SIMD_COUNT; s++) {
+        if (!flashc_simd_supported((flashc_simd)s)) continue;
+        en_fwd((flashc_simd)s, qkv, o1, l1);
+        int bad = 0;
+        for (int64_t i = 0; i < EN_N; i++)
+            bad += en_class(o1[i]) != en_class(o0[i]) ||
+                   (!en_class(o0[i]) && fabs(o1[i] - o0[i]) > 0x1p-8 * (1.0 + fabs(o0[i])));
+        for (int64_t i = 0; i < EN_H * EN_S; i++)
+            bad += en_class(l1[i]) != en_class(l0[i]) ||
+                   (!en_class(l0[i]) && fabs(l1[i] - l0[i]) > 1e-3 * (1.0 + fabs(l0[i])));
+        if (bad)
+            fc_test_fail(__FILE__, __LINE__, "simd=%s: %d of out and lse differ from scalar's",
+                         flashc_simd_name((flashc_simd)s), bad);
+    }
+    flashc_set_simd(saved);
+}
+
 FC_TEST_REGISTER(edge) {
+    for (size_t i = 0; i < sizeof en_cases / sizeof en_cases[0]; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "edge_fp16_nonfinite_%s", en_cases[i].name);
+        fc_test_add(name, en_run, &en_cases[i]);
+    }
     for (size_t i = 0; i < sizeof ed_cases / sizeof ed_cases[0]; i++) {
         char name[128];
         th_edge_name(name, sizeof name, "edge_", &ed_cases[i]);

@@ -42,6 +42,12 @@
  * dropout keeps S^T (its per-column op); attn_probs, a second pass, takes
  * the layout its call's blocks took, so that out and lse do not depend on it.
  *
+ * fp16 on the amx path (p->split, no dropout): the same queries-down tiles,
+ * each fp16 operand (Qi, Kj, Vj) split into bf16 halves hi + lo (simd.h's
+ * split_fp16, exact) and P into hi + lo to about 16 bits; each GEMM is three
+ * tile GEMMs, hi hi' + hi lo' + lo hi', so the products keep about 16 bits,
+ * more than fp16's 11 (a plain fp16 forward rounds S and P to fp16).
+ *
  * Masks (common/window.h, through fc_key_range and score_mod): blocks no row of
  * the tile sees are skipped; blocks every row sees
  * whole skip the element mask; only the boundary blocks of causal or local
@@ -156,7 +162,8 @@ typedef struct fc_fwd_plan {
     int ldq;                 /* Br rounded up to 16: rows of Qi^T and S^T */
     int ldd;                 /* max(D, Dv) rounded up to 16: rows of Oi, Kj, Vj */
     int dot;                 /* bf16 inputs on a path with bf16 dot products */
-    int tiles;               /* ... whose GEMMs run on AMX tiles */
+    int tiles;               /* ... whose GEMMs run on AMX tiles (or fp16's, split) */
+    int split;               /* fp16 inputs as bf16 hi + lo on the amx path */
     int qdown;               /* S with the queries down (fc_fwd_qdown_block) */
     int ldq2, lds, ldp2;     /* qdown: words of a Qi row, floats of an S row, words of a P row */
     int rows_nq;             /* tiles of at most this many columns: Q K^T by rows */
@@ -203,14 +210,18 @@ static int fc_fwd_use_dot(const fc_attn *a, const fc_simd_ops *ops) {
 static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_plan *p) {
     /* Oi and Vj rows hold Dv, Kj rows D, and Qi rows pass through Oi */
     int64_t dmax = a->head_dim > a->head_dim_v ? a->head_dim : a->head_dim_v;
-    int bf16 = a->dtype == FLASHC_DTYPE_BF16;
+    int bf16 = a->dtype == FLASHC_DTYPE_BF16, amx_cpu = fc_simd_amx_possible();
     /* up to FC_FWD_ROW_NQ query rows (decode) keep the default tiles, the row
      * path's (and, past FC_FWD_ROW_NQ_DOT rows, a short queries-down tile's) */
     int wide = a->max_seqlen_q > FC_FWD_ROW_NQ;
+    /* fp16 problems the split may run reserve its buffers on a CPU with AMX */
+    int fp16 = a->dtype == FLASHC_DTYPE_FP16 && amx_cpu && wide && a->dropout_p == 0.0f;
     int dot = fc_fwd_use_dot(a, ops), amx = dot && ops->level == FLASHC_SIMD_AMX;
-    fc_fwd_tiles t = amx && wide ? fc_fwd_amx_tiles : fc_fwd_pick_tiles(dmax), r = t;
-    if (bf16 && wide && fc_simd_amx_possible()) {
-        fc_fwd_tiles o = amx ? fc_fwd_pick_tiles(dmax) : fc_fwd_amx_tiles;
+    int split = fp16 && ops->split_fp16 && ops->level == FLASHC_SIMD_AMX &&
+                (flashc_cpu_features() & ops->bf16_cpu) == ops->bf16_cpu;
+    fc_fwd_tiles t = (amx || split) && wide ? fc_fwd_amx_tiles : fc_fwd_pick_tiles(dmax), r = t;
+    if ((bf16 && amx_cpu && wide) || fp16) {
+        fc_fwd_tiles o = amx || split ? fc_fwd_pick_tiles(dmax) : fc_fwd_amx_tiles;
         r.Br = o.Br > r.Br ? o.Br : r.Br;
         r.Bc = o.Bc > r.Bc ? o.Bc : r.Bc;
     }
@@ -222,7 +233,8 @@ static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_pl
     p->ldq = (t.Br + 15) / 16 * 16;
     p->ldd = (int)((dmax + 15) / 16 * 16);
     p->dot = dot;
-    p->tiles = amx;
+    p->tiles = amx || split;
+    p->split = split;
     p->qdown = p->tiles && ops->softmax_rows_bf16 && a->dropout_p == 0.0f;
     p->rows_dot = p->dot && ops->dot_rows_bf16 != NULL;
     p->ldq2 = (int)((a->head_dim + 1) / 2 + 15) / 16 * 16;
@@ -232,10 +244,11 @@ static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_pl
     size_t f = sizeof(float), D = (size_t)a->head_dim, Br = (size_t)r.Br, Bc = (size_t)r.Bc;
     size_t ldq = (Br + 15) / 16 * 16, lds = (Bc + 15) / 16 * 16, ldp2 = ((Bc + 1) / 2 + 15) / 16 * 16;
     size_t qt = D * ldq * f, st = Bc * ldq * f, p2 = bf16 ? (Bc + 1) / 2 * ldq * f : 0;
-    if (bf16) { /* the queries-down layout's */
-        qt = qt > Br * p->ldq2 * f ? qt : Br * p->ldq2 * f;
+    if (bf16 || fp16) { /* the queries-down layout's; fp16's: hi, then lo */
+        size_t halves = fp16 ? 2 : 1;
+        qt = qt > halves * Br * p->ldq2 * f ? qt : halves * Br * p->ldq2 * f;
         st = st > Br * lds * f ? st : Br * lds * f;
-        p2 = p2 > Br * ldp2 * f ? p2 : Br * ldp2 * f;
+        p2 = p2 > halves * Br * ldp2 * f ? p2 : halves * Br * ldp2 * f;
     }
     size_t sizes[FC_FWD_NBUF] = {
         [FC_FWD_QT] = qt,
@@ -279,6 +292,9 @@ typedef struct fc_fwd_ctx {
     const fc_attn *a;
     const fc_simd_ops *ops;
     const fc_fwd_plan *plan;
+    /* split: the plan without it, which redoes a tile whose fp16 inputs hold
+     * inf or NaN (hi + lo products would make NaN of an inf: inf x 0) */
+    const fc_fwd_plan *plain;
     const int64_t *task0; /* (B+1) */
     char *scratch;
     fc_score_consts sc; /* common/score.h */
@@ -299,7 +315,8 @@ typedef struct fc_fwd_tile {
     int64_t jlo_all, jhi_all; /* keys every row sees */
     float *qt, *o, *st, *k, *v, *m, *l, *alpha, *lse2, *sr;
     const void **rowp;
-    uint32_t *p2; /* pairs */
+    uint32_t *p2;  /* pairs */
+    int nonfinite; /* split: an input of the tile held inf or NaN */
 } fc_fwd_tile;
 
 /* The query head and row of column c of the tile. */
@@ -471,11 +488,23 @@ static void fc_fwd_scores_rows(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_
 
 /* Kj's rows [j0, j0+nk) as bf16 pairs, *ldk words apart: in place when whole
  * pairs lie evenly spaced (not paged, D and the row stride even); else copied
- * into t->k, an odd D with a zero high half. */
-static const uint32_t *fc_fwd_k_pairs(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk,
-                                      int *ldk) {
+ * into t->k, an odd D with a zero high half. fp16 (p->split): each row split
+ * into t->k, hi in the row's first half and lo (*klo) in its second. */
+static const uint32_t *fc_fwd_k_pairs(const fc_fwd_ctx *x, fc_fwd_tile *t, int64_t j0, int nk,
+                                      int *ldk, const uint32_t **klo) {
     const fc_attn *a = x->a;
-    const int D = (int)a->head_dim;
+    const int D = (int)a->head_dim, ldd = x->plan->ldd;
+    *klo = NULL;
+    if (x->plan->split) {
+        uint32_t *kc = (uint32_t *)t->k;
+        for (int r = 0; r < nk; r++)
+            t->nonfinite |= x->ops->split_fp16(D, (const uint16_t *)fc_fwd_kvrow(a, &a->k, t, j0 + r),
+                                               NULL, 0, kc + (size_t)r * ldd,
+                                               kc + (size_t)r * ldd + ldd / 2);
+        *ldk = ldd;
+        *klo = kc + ldd / 2;
+        return kc;
+    }
     const char *k0 = fc_fwd_kvrow(a, &a->k, t, j0);
     if (!a->block_table && D % 2 == 0 && a->k.s_seq % 2 == 0 && a->k.s_seq / 2 <= INT32_MAX &&
         (uintptr_t)k0 % sizeof(uint32_t) == 0) {
@@ -494,7 +523,7 @@ static const uint32_t *fc_fwd_k_pairs(const fc_fwd_ctx *x, const fc_fwd_tile *t,
 
 /* S^T of keys [j0, j0+nk) with softcap and ALiBi applied, masked where
  * `edge` (some row of the tile does not see every key of the block). */
-static void fc_fwd_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk, int edge) {
+static void fc_fwd_scores(const fc_fwd_ctx *x, fc_fwd_tile *t, int64_t j0, int nk, int edge) {
     const fc_attn *a = x->a;
     const fc_fwd_plan *p = x->plan;
     int strip = edge && t->nh == 1 ? FC_FWD_STRIP : nk; /* the whole block at once */
@@ -502,7 +531,7 @@ static void fc_fwd_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
         fc_fwd_scores_rows(x, t, j0, nk);
     } else if (p->dot) {
         int D = (int)a->head_dim, ldk;
-        const uint32_t *k2 = fc_fwd_k_pairs(x, t, j0, nk, &ldk);
+        const uint32_t *klo, *k2 = fc_fwd_k_pairs(x, t, j0, nk, &ldk, &klo);
         const uint32_t *qt2 = (const uint32_t *)t->qt;
         for (int r0 = 0; r0 < nk; r0 += strip) {
             int rn = nk - r0 < strip ? nk - r0 : strip, ca = 0, cb = t->nq;
@@ -541,18 +570,27 @@ static void fc_fwd_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
 /* S with the queries down (p->qdown) of the tile's rows [r0, r0+rn) and keys
  * [ka, kb) of block j0, at t->st + r0 * lds + ka: Qi Kj^T on tiles (gemm_bf16_nt:
  * Qi's rows of pairs against Kj's rows k2, which the GEMM transposes once per
- * 32 keys for all the rows), times qmul unless `plain` (the softmax applies it
- * then, one pass less), with softcap, ALiBi and, on an edge block, the masks.
- * Rows [r0, r0+rn) short of the tile are a strip of a one-head tile. */
+ * 32 keys for all the rows; fp16 split: hi hi' + hi lo' + lo hi', klo Kj's lo),
+ * times qmul unless `plain` (the softmax applies it then, one pass less), with
+ * softcap, ALiBi and, on an edge block, the masks. Rows [r0, r0+rn) short of
+ * the tile are a strip of a one-head tile. */
 static float *fc_fwd_qdown_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
-                                  const uint32_t *k2, int ldk, int r0, int rn, int ka, int kb,
-                                  int edge, int plain) {
+                                  const uint32_t *k2, const uint32_t *klo, int ldk, int r0, int rn,
+                                  int ka, int kb, int edge, int plain) {
     const fc_attn *a = x->a;
     const fc_fwd_plan *p = x->plan;
-    float *st = t->st + (size_t)r0 * p->lds + ka;
-    x->ops->gemm_bf16_nt(rn, kb - ka, (int)(a->head_dim + 1) / 2,
-                         (const uint32_t *)t->qt + (size_t)r0 * p->ldq2, p->ldq2,
-                         k2 + (size_t)ka * ldk, ldk, st, p->lds, plain ? 1.0f : x->qmul, 0);
+    float *st = t->st + (size_t)r0 * p->lds + ka, scale = plain ? 1.0f : x->qmul;
+    const int K2 = (int)(a->head_dim + 1) / 2;
+    const uint32_t *qh = (const uint32_t *)t->qt + (size_t)r0 * p->ldq2;
+    x->ops->gemm_bf16_nt(rn, kb - ka, K2, qh, p->ldq2, k2 + (size_t)ka * ldk, ldk, st, p->lds,
+                         scale, 0);
+    if (klo) {
+        const uint32_t *ql = qh + (size_t)p->Br * p->ldq2;
+        x->ops->gemm_bf16_nt(rn, kb - ka, K2, qh, p->ldq2, klo + (size_t)ka * ldk, ldk, st,
+                             p->lds, scale, 1);
+        x->ops->gemm_bf16_nt(rn, kb - ka, K2, ql, p->ldq2, k2 + (size_t)ka * ldk, ldk, st,
+                             p->lds, scale, 1);
+    }
     fc_score_mod mod = {
         .cap = x->sc.cap_log2,
         /* element (r, c) of a head's rows: query i0 + r0 + r, key j0 + ka + c */
@@ -593,8 +631,8 @@ static void fc_fwd_probs(const fc_fwd_ctx *x, fc_fwd_tile *t) {
         size_t rs = p->ldq, cs = 1; /* S^T: element (key r, column c) at r * rs + c * cs */
         if (p->qdown && !t->rows) {
             int ldk;
-            const uint32_t *k2 = fc_fwd_k_pairs(x, t, j0, nk, &ldk);
-            fc_fwd_qdown_scores(x, t, j0, k2, ldk, 0, t->nq, 0, nk, 1, 0);
+            const uint32_t *klo, *k2 = fc_fwd_k_pairs(x, t, j0, nk, &ldk, &klo);
+            fc_fwd_qdown_scores(x, t, j0, k2, klo, ldk, 0, t->nq, 0, nk, 1, 0);
             rs = 1;
             cs = p->lds;
         } else {
@@ -623,26 +661,32 @@ static void fc_fwd_probs(const fc_fwd_ctx *x, fc_fwd_tile *t) {
 }
 
 /* Vj's rows [j0, j0+nk) in pairs of keys (rows 2q and 2q+1 in one row of
- * words, ldd apart), into t->v. */
-static const uint32_t *fc_fwd_v_pairs(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0,
-                                      int nk) {
+ * words, ldd apart), into t->v. fp16 (p->split): split, hi there and lo Bc / 2
+ * rows on (the amx tiles' Bc is even), returned in *vlo. */
+static const uint32_t *fc_fwd_v_pairs(const fc_fwd_ctx *x, fc_fwd_tile *t, int64_t j0,
+                                      int nk, const uint32_t **vlo) {
     const fc_attn *a = x->a;
-    uint32_t *v2 = (uint32_t *)t->v;
+    const fc_fwd_plan *p = x->plan;
+    uint32_t *v2 = (uint32_t *)t->v, *lo = v2 + (size_t)(p->Bc / 2) * p->ldd;
+    *vlo = p->split ? lo : NULL;
     for (int r = 0; r < nk; r += 2) {
         const void *v0 = fc_fwd_kvrow(a, &a->v, t, j0 + r);
         const void *v1 = r + 1 < nk ? fc_fwd_kvrow(a, &a->v, t, j0 + r + 1) : NULL;
-        x->ops->pack_pairs(FLASHC_DTYPE_BF16, (int)a->head_dim_v, v0, v1,
-                           v2 + (size_t)(r / 2) * x->plan->ldd);
+        size_t row = (size_t)(r / 2) * p->ldd;
+        if (p->split)
+            t->nonfinite |= x->ops->split_fp16((int)a->head_dim_v, v0, v1, 1, v2 + row, lo + row);
+        else
+            x->ops->pack_pairs(FLASHC_DTYPE_BF16, (int)a->head_dim_v, v0, v1, v2 + row);
     }
     return v2;
 }
 
 /* Oi += P Vj with bf16 dot products: P^T rounded to bf16 (as FlashAttention-2
  * does on the GPU; l already has the fp32 P) and Vj, both in pairs of keys. */
-static void fc_fwd_pv_dot(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk, int edge) {
+static void fc_fwd_pv_dot(const fc_fwd_ctx *x, fc_fwd_tile *t, int64_t j0, int nk, int edge) {
     const fc_attn *a = x->a;
     const fc_fwd_plan *p = x->plan;
-    const uint32_t *v2 = fc_fwd_v_pairs(x, t, j0, nk);
+    const uint32_t *vlo, *v2 = fc_fwd_v_pairs(x, t, j0, nk, &vlo);
     for (int r = 0; r < nk; r += 2) {
         const float *s0 = t->st + (size_t)r * p->ldq;
         x->ops->pack_pairs(FLASHC_DTYPE_FP32, t->nq, s0, r + 1 < nk ? s0 + p->ldq : NULL,
@@ -761,8 +805,8 @@ static void fc_fwd_qdown_block(const fc_fwd_ctx *x, fc_fwd_tile *t, int64_t j0, 
     const fc_simd_ops *ops = x->ops;
     const int Dv = (int)a->head_dim_v;
     int ldk;
-    const uint32_t *k2 = fc_fwd_k_pairs(x, t, j0, nk, &ldk);
-    const uint32_t *v2 = fc_fwd_v_pairs(x, t, j0, nk);
+    const uint32_t *klo, *k2 = fc_fwd_k_pairs(x, t, j0, nk, &ldk, &klo);
+    const uint32_t *vlo, *v2 = fc_fwd_v_pairs(x, t, j0, nk, &vlo);
     int plain = !edge && x->sc.cap_log2 == 0.0f && !a->alibi && x->qmul > 0.0f;
     int strip = edge && t->nh == 1 ? FC_FWD_QSTRIP : t->nq;
     for (int r0 = 0; r0 < t->nq; r0 += strip) {
@@ -773,14 +817,21 @@ static void fc_fwd_qdown_block(const fc_fwd_ctx *x, fc_fwd_tile *t, int64_t j0, 
             ka = ka / 32 * 32;
             kb = (kb + 31) / 32 * 32 < nk ? (kb + 31) / 32 * 32 : nk;
         }
-        float *st = fc_fwd_qdown_scores(x, t, j0, k2, ldk, r0, rn, ka, kb, edge, plain);
+        float *st = fc_fwd_qdown_scores(x, t, j0, k2, klo, ldk, r0, rn, ka, kb, edge, plain);
         uint32_t *p2 = t->p2 + (size_t)r0 * p->ldp2 + ka / 2;
+        uint32_t *p2lo = p->split ? p2 + (size_t)p->Br * p->ldp2 : NULL;
         ops->softmax_rows_bf16(rn, kb - ka, st, p->lds, plain ? x->qmul : 1.0f, t->m + r0,
-                               t->l + r0, t->alpha + r0, p2, p->ldp2);
+                               t->l + r0, t->alpha + r0, p2, p2lo, p->ldp2);
         for (int c = r0; c < r0 + rn; c++)
             if (t->alpha[c] != 1.0f) ops->scale(Dv, t->o + (size_t)c * p->ldd, t->alpha[c]);
-        ops->gemm_bf16_nn(rn, Dv, (kb - ka + 1) / 2, p2, p->ldp2, v2 + (size_t)(ka / 2) * p->ldd,
-                          p->ldd, t->o + (size_t)r0 * p->ldd, p->ldd, 1.0f, 1);
+        const int K2 = (kb - ka + 1) / 2;
+        const size_t vrow = (size_t)(ka / 2) * p->ldd;
+        float *o = t->o + (size_t)r0 * p->ldd;
+        ops->gemm_bf16_nn(rn, Dv, K2, p2, p->ldp2, v2 + vrow, p->ldd, o, p->ldd, 1.0f, 1);
+        if (p2lo) {
+            ops->gemm_bf16_nn(rn, Dv, K2, p2, p->ldp2, vlo + vrow, p->ldd, o, p->ldd, 1.0f, 1);
+            ops->gemm_bf16_nn(rn, Dv, K2, p2lo, p->ldp2, v2 + vrow, p->ldd, o, p->ldd, 1.0f, 1);
+        }
     }
 }
 
@@ -848,6 +899,7 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
     t.alpha = (float *)(s + p->buf[FC_FWD_ALPHA]);
     t.lse2 = (float *)(s + p->buf[FC_FWD_LSE2]);
     t.p2 = (uint32_t *)(s + p->buf[FC_FWD_P2]);
+    t.nonfinite = 0;
 
     for (int c = 0; c < t.nq; c++)
         fc_fwd_prefetch_row((const char *)a->q.ptr +
@@ -867,10 +919,15 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
         uint32_t *q2 = (uint32_t *)t.qt;
         for (int c = 0; c < t.nq; c++) {
             uint16_t *dst = (uint16_t *)(q2 + (size_t)c * p->ldq2);
-            memcpy(dst,
-                   (const uint16_t *)a->q.ptr + fc_q_row(a, &a->q, t.b, fc_fwd_col_row(&t, c)) +
-                       fc_fwd_col_head(&t, c) * a->q.s_head,
-                   (size_t)D * sizeof(uint16_t));
+            const uint16_t *src = (const uint16_t *)a->q.ptr +
+                                  fc_q_row(a, &a->q, t.b, fc_fwd_col_row(&t, c)) +
+                                  fc_fwd_col_head(&t, c) * a->q.s_head;
+            if (p->split && !t.rows) { /* hi, and lo Br rows on */
+                t.nonfinite |= ops->split_fp16(D, src, NULL, 0, (uint32_t *)dst,
+                                               (uint32_t *)dst + (size_t)p->Br * p->ldq2);
+                continue;
+            }
+            memcpy(dst, src, (size_t)D * sizeof(uint16_t));
             if (D & 1) dst[D] = 0;
         }
     } else if (t.rows) {
@@ -909,6 +966,7 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
     }
 
     for (int64_t j0 = t.jlo; j0 < t.jhi; j0 += p->Bc) {
+        if (t.nonfinite) break; /* redone below */
         int nk = (int)(t.jhi - j0 < p->Bc ? t.jhi - j0 : p->Bc);
         int edge = j0 < t.jlo_all || j0 + nk > t.jhi_all;
         int64_t j1 = j0 + p->Bc;
@@ -941,6 +999,12 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
             const float *v = fc_fwd_rows(x, &a->v, Dv, &t, j0, nk, t.v, &ldv);
             fc_fwd_pv(x, &t, j0, nk, edge, v, ldv);
         }
+    }
+    if (t.nonfinite) { /* the tile again without the split (x->plain): fp32 products */
+        fc_fwd_ctx y = *x;
+        y.plan = x->plain;
+        fc_fwd_task(&y, task, thread);
+        return;
     }
 
     /* Oi / l, lse; a row that saw no key has l = 0, Oi = 0. With a learnable
@@ -989,10 +1053,13 @@ flashc_status fc_cpu_fwd(const fc_attn *a, void *ws, size_t ws_bytes) {
         task0[b + 1] = task0[b] + fc_fwd_tasks_of(a, &p, sq);
     }
 
+    fc_fwd_plan plain = p; /* the same tiles and workspace, fp32 products */
+    plain.split = plain.tiles = plain.qdown = 0;
     fc_fwd_ctx x = {
         .a = a,
         .ops = ops,
         .plan = &p,
+        .plain = &plain,
         .task0 = task0,
         .scratch = (char *)ws + p.off_scratch,
         .sc = fc_score_consts_of(a),

@@ -93,10 +93,12 @@ typedef struct fc_simd_ops {
      * softmax_cols has them per column), x left as it is and P written as
      * bf16 into p2: row r at
      * p2 + r * ldp holds the N values as pairs of keys (simd.h's pairs, an odd
-     * N's last pair with a 0 high half); l sums the fp32 P. NULL where the
-     * forward's queries-down layout is not used (fwd.c: the amx table only). */
+     * N's last pair with a 0 high half); l sums the fp32 P. With p2lo (not
+     * NULL) also P - bf16(P) as bf16 into p2lo, laid out as p2: P to about 16
+     * bits in two halves (split_fp16's). NULL where the forward's queries-down
+     * layout is not used (fwd.c: the amx table only). */
     void (*softmax_rows_bf16)(int M, int N, const float *x, int ld, float xs, float *m, float *l,
-                              float *alpha, uint32_t *p2, int ldp);
+                              float *alpha, uint32_t *p2, uint32_t *p2lo, int ldp);
 
     /* ---- decode's scores (optional; NULL where the path has none) ----
      * s[c * lds + r] = sum_d q[c * ldq + d] * k_r[d] for r < nk, c < nq (1..8): the
@@ -118,6 +120,18 @@ typedef struct fc_simd_ops {
      * keys down, against V's rows where they lie). */
     void (*axpy_rows)(flashc_dtype dt, int nv, int Dv, const void *const *vrows, const float *p,
                       int ldp, int nq, float *o, int ldo);
+
+    /* ---- fp16 on bf16 dot products (optional; the amx forward's) ----
+     * An fp16 value x is hi + lo exactly: hi = bf16(x) to nearest even, lo = x -
+     * hi (fp16's 11 significant bits less hi's 8 leave at most 4; lo is 0 where
+     * x is not finite). Three bf16 products, hi hi' + hi lo' + lo hi', then give
+     * x x' to about 2^-16 of it, the lo lo' term left out. pairs 0: row r0's n
+     * values as (n + 1) / 2 pairs along the row (an odd n's last high half 0);
+     * pairs 1: rows r0 and r1 (NULL: zeros) interleaved as pack_pairs does.
+     * Returns nonzero when some value is inf or NaN: its products would not be
+     * hi hi' (inf x 0 is NaN), and the caller computes that part another way. */
+    int (*split_fp16)(int n, const uint16_t *r0, const uint16_t *r1, int pairs, uint32_t *hi,
+                      uint32_t *lo);
 } fc_simd_ops;
 
 /* The active table (never NULL). */

@@ -390,8 +390,14 @@ static void fc_avx512_softmax_cols(int M, int N, float *x, int ld, float *m, flo
  * is 0. */
 enum { FC_SOFTMAX_ROWS = 64 };
 
+/* 16 bf16 values as fp32 */
+static inline __m512 fc_from_bf16(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 static void fc_avx512_softmax_rows_bf16(int M, int N, const float *x, int ld, float xs, float *m,
-                                        float *l, float *alpha, uint32_t *p2, int ldp) {
+                                        float *l, float *alpha, uint32_t *p2, uint32_t *p2lo,
+                                        int ldp) {
     const __m512 ninf = _mm512_set1_ps(-__builtin_inff()), vxs = _mm512_set1_ps(xs);
     float top[FC_SOFTMAX_ROWS];
     for (int r0 = 0; r0 < M; r0 += FC_SOFTMAX_ROWS) {
@@ -412,6 +418,7 @@ static void fc_avx512_softmax_rows_bf16(int M, int N, const float *x, int ld, fl
             int r = r0 + i;
             const float *row = x + (size_t)r * ld;
             uint16_t *out = (uint16_t *)(p2 + (size_t)r * ldp);
+            uint16_t *lo = p2lo ? (uint16_t *)(p2lo + (size_t)r * ldp) : NULL;
             float mo = m[r], mx = xs * top[i];
             mx = mo > mx ? mo : mx;
             __m512 u = _mm512_set1_ps(mx == -__builtin_inff() ? 0.0f : mx);
@@ -422,16 +429,27 @@ static void fc_avx512_softmax_rows_bf16(int M, int N, const float *x, int ld, fl
                 __m512 e1 = fc_exp2_upto(_mm512_fmsub_ps(_mm512_loadu_ps(row + c + 16), vxs, u));
                 s0 = _mm512_add_ps(s0, e0);
                 s1 = _mm512_add_ps(s1, e1);
-                _mm512_storeu_si512((void *)(out + c), (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+                __m512i h = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);
+                _mm512_storeu_si512((void *)(out + c), h);
+                if (lo) {
+                    __m512 l0 = _mm512_sub_ps(e0, fc_from_bf16(_mm512_castsi512_si256(h)));
+                    __m512 l1 = _mm512_sub_ps(e1, fc_from_bf16(_mm512_extracti64x4_epi64(h, 1)));
+                    _mm512_storeu_si512((void *)(lo + c), (__m512i)_mm512_cvtne2ps_pbh(l1, l0));
+                }
             }
             for (; c < N; c += 16) {
                 __mmask16 k = fc_mask(N - c);
                 __m512 e0 =
                     fc_exp2_upto(_mm512_fmsub_ps(_mm512_mask_loadu_ps(ninf, k, row + c), vxs, u));
                 s0 = _mm512_add_ps(s0, e0);
-                _mm256_mask_storeu_epi16(out + c, k, (__m256i)_mm512_cvtneps_pbh(e0));
+                __m256i h = (__m256i)_mm512_cvtneps_pbh(e0);
+                _mm256_mask_storeu_epi16(out + c, k, h);
+                if (lo)
+                    _mm256_mask_storeu_epi16(
+                        lo + c, k, (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(e0, fc_from_bf16(h))));
             }
             if (N & 1) out[N] = 0;
+            if (lo && (N & 1)) lo[N] = 0;
             float a = _mm512_cvtss_f32(fc_exp2_upto(_mm512_sub_ps(_mm512_set1_ps(mo), u)));
             alpha[r] = a;
             l[r] = a * l[r] + _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
@@ -649,11 +667,15 @@ static void fc_avx512_gemm_bf16_nt(int M, int N, int K2, const uint32_t *A, int 
     fc_gemm_nt(1, M, N, K2, A, lda, B, ldb, C, ldc, scale, acc);
 }
 
-static void fc_avx512_pack_pairs(flashc_dtype dt, int n, const void *r0, const void *r1,
-                                 uint32_t *dst) {
-    /* a vector with r0 in words 0..15 and r1 in 16..31 becomes 16 pairs */
+/* 16 pairs from a vector with one row in words 0..15 and the other in 16..31 */
+static inline __m512i fc_interleave16(__m512i w) {
     const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
                                          8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(idx, w);
+}
+
+static void fc_avx512_pack_pairs(flashc_dtype dt, int n, const void *r0, const void *r1,
+                                 uint32_t *dst) {
     for (int i = 0; i < n; i += 16) {
         __mmask16 k = fc_mask(n - i);
         __m512i w;
@@ -668,7 +690,7 @@ static void fc_avx512_pack_pairs(flashc_dtype dt, int n, const void *r0, const v
                 r1 ? _mm256_maskz_loadu_epi16(k, (const uint16_t *)r1 + i) : _mm256_setzero_si256();
             w = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
         }
-        _mm512_mask_storeu_epi32(dst + i, k, _mm512_permutexvar_epi16(idx, w));
+        _mm512_mask_storeu_epi32(dst + i, k, fc_interleave16(w));
     }
 }
 
@@ -1154,22 +1176,62 @@ static void fc_amx_gemm_bf16_nt(int M, int N, int K2, const uint32_t *A, int lda
 }
 #endif /* FLASHC_HAVE_AMX */
 
+#if defined(FLASHC_HAVE_AMX)
+/* 16 fp16 values as bf16 hi and lo (simd.h's split_fp16); the lanes that are
+ * not finite */
+static inline __mmask16 fc_split16(__m256i h, __m256i *hi, __m256i *lo) {
+    __m512 x = _mm512_cvtph_ps(h);
+    __m256i b = (__m256i)_mm512_cvtneps_pbh(x);
+    __mmask16 finite = _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(__builtin_inff()),
+                                          _CMP_LT_OQ);
+    *hi = b;
+    *lo = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_sub_ps(finite, x, fc_from_bf16(b)));
+    return (__mmask16)~finite;
+}
+
+static int fc_avx512_split_fp16(int n, const uint16_t *r0, const uint16_t *r1, int pairs,
+                                uint32_t *hi, uint32_t *lo) {
+    __mmask16 bad = 0; /* (masked-off lanes load 0: finite) */
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = fc_mask(n - i);
+        __m256i h0, l0, h1 = _mm256_setzero_si256(), l1 = _mm256_setzero_si256();
+        bad |= fc_split16(_mm256_maskz_loadu_epi16(k, r0 + i), &h0, &l0);
+        if (!pairs) {
+            _mm256_mask_storeu_epi16((uint16_t *)hi + i, k, h0);
+            _mm256_mask_storeu_epi16((uint16_t *)lo + i, k, l0);
+            continue;
+        }
+        if (r1) bad |= fc_split16(_mm256_maskz_loadu_epi16(k, r1 + i), &h1, &l1);
+        _mm512_mask_storeu_epi32(hi + i, k,
+                                 fc_interleave16(_mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1)));
+        _mm512_mask_storeu_epi32(lo + i, k,
+                                 fc_interleave16(_mm512_inserti64x4(_mm512_castsi256_si512(l0), l1, 1)));
+    }
+    if (!pairs && (n & 1)) {
+        ((uint16_t *)hi)[n] = 0;
+        ((uint16_t *)lo)[n] = 0;
+    }
+    return bad != 0;
+}
+#endif /* FLASHC_HAVE_AMX */
+
 /* The avx512 table, and the amx table: the same with the bf16 GEMMs on tiles. */
-#define FC_AVX512_TABLE(level, bf16_cpu, bf16_nn, bf16_tn, bf16_nt, softmax_rows_bf16)             \
+#define FC_AVX512_TABLE(level, bf16_cpu, bf16_nn, bf16_tn, bf16_nt, softmax_rows_bf16,             \
+                        split_fp16)                                                                \
     {                                                                                              \
         level, fc_avx512_gemm_nn, fc_avx512_gemm_nt, fc_avx512_gemm_tn, fc_avx512_exp2_sum,        \
         fc_avx512_max, fc_avx512_scale, fc_avx512_load, fc_avx512_store, fc_avx512_score_mod,      \
         fc_avx512_softmax_cols, fc_avx512_dropout_cols, bf16_cpu, bf16_nn, bf16_tn, bf16_nt,       \
         fc_avx512_pack_pairs, softmax_rows_bf16, fc_avx512_dot_rows, fc_avx512_dot_rows_bf16,      \
-        fc_avx512_axpy_rows,                                                                       \
+        fc_avx512_axpy_rows, split_fp16,                                                           \
     }
 
 const fc_simd_ops fc_simd_avx512_ops =
     FC_AVX512_TABLE(FLASHC_SIMD_AVX512, FLASHC_CPU_AVX512BF16, fc_avx512_gemm_bf16_nn,
-                    fc_avx512_gemm_bf16_tn, fc_avx512_gemm_bf16_nt, NULL);
+                    fc_avx512_gemm_bf16_tn, fc_avx512_gemm_bf16_nt, NULL, NULL);
 #if defined(FLASHC_HAVE_AMX)
 const fc_simd_ops fc_simd_amx_ops =
     FC_AVX512_TABLE(FLASHC_SIMD_AMX, FLASHC_CPU_AVX512BF16 | FLASHC_CPU_AMXBF16,
                     fc_amx_gemm_bf16_nn, fc_amx_gemm_bf16_tn, fc_amx_gemm_bf16_nt,
-                    fc_avx512_softmax_rows_bf16);
+                    fc_avx512_softmax_rows_bf16, fc_avx512_split_fp16);
 #endif
