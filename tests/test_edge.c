@@ -13,12 +13,14 @@
  * Each runs the library's forward and backward (not the reference's forward),
  * checks against the float64 reference (which propagates NaN too), and for the
  * one-key rows requires exact zeros.
- * - edge_fp16_nonfinite: fp16 inputs holding inf give the same out and lse on
- *   every SIMD path this CPU runs as on the scalar one: NaN, +inf, -inf in the
- *   same places (an inf in V makes inf or NaN outputs, a -inf in q a row that
- *   sees no key: out 0, lse -inf), finite values within fp16's rounding. The
- *   amx forward splits fp16 into bf16 halves, whose cross products would turn
- *   inf x 0 into NaN: it redoes such a tile with fp32 products.
+ * - edge_fp16_nonfinite: fp16 inputs holding inf give the same out, lse, dq,
+ *   dk and dv on every SIMD path this CPU runs as on the scalar one: NaN,
+ *   +inf, -inf in the same places (an inf in V makes inf or NaN outputs, a -inf
+ *   in q a row that sees no key: out 0, lse -inf), finite values within fp16's
+ *   rounding, and on each path the same bits at 1 and 5 threads (the
+ *   backward's two schedules; 160 rows: more than one 128-row tile). The amx path splits fp16 into bf16 halves,
+ *   whose cross products would turn inf x 0 into NaN: it redoes such a tile
+ *   (forward) or runs the call (backward) with fp32 products.
  */
 #include <math.h>
 #include <stdio.h>
@@ -123,11 +125,11 @@ static const th_edge ed_cases[] = {
 #undef F32
 
 /* ---- fp16 with inf, every SIMD path against the scalar one ---- */
-enum { EN_S = 64, EN_H = 2, EN_D = 24, EN_N = EN_S * EN_H * EN_D };
+enum { EN_S = 160, EN_H = 2, EN_D = 24, EN_N = EN_S * EN_H * EN_D, EN_L = EN_H * EN_S };
 
 typedef struct en_case {
     const char *name;
-    int64_t at;   /* element set to value: in q (which 0) or k (1) or v (2) */
+    int64_t at;   /* element set to value: in q (which 0), k (1), v (2) or dout (3) */
     int which;
     double value; /* +-inf */
 } en_case;
@@ -136,62 +138,92 @@ static const en_case en_cases[] = {
     {"v_inf", (5 * EN_H + 1) * EN_D + 3, 2, INFINITY},
     {"q_minus_inf", (7 * EN_H) * EN_D, 0, -INFINITY},
     {"k_inf", (40 * EN_H) * EN_D + 2, 1, INFINITY},
+    {"dout_inf", (50 * EN_H + 1) * EN_D + 5, 3, -INFINITY},
 };
 
 /* 0 finite, 1 NaN, 2 +inf, 3 -inf */
 static int en_class(double x) { return isnan(x) ? 1 : isinf(x) ? (x > 0 ? 2 : 3) : 0; }
 
-static void en_fwd(flashc_simd simd, const uint16_t *qkv, double *out, double *lse) {
-    static uint16_t o[EN_N];
-    static float l[EN_H * EN_S];
+/* The forward and backward of q, k, v, dout (qkvd, EN_N each) on one path: out,
+ * lse, dq, dk, dv into res (EN_N, EN_L, then 3 EN_N) as doubles. */
+static void en_path(flashc_simd simd, const uint16_t *qkvd, double *res) {
+    static uint16_t o[4 * EN_N]; /* out, dq, dk, dv */
+    static float l[EN_L];
     int64_t sh[4] = {1, EN_S, EN_H, EN_D}, ls[3] = {1, EN_H, EN_S};
+    flashc_tensor t[8];
+    for (int i = 0; i < 4; i++)
+        t[i] = flashc_tensor_contiguous((void *)(qkvd + i * EN_N), FLASHC_DTYPE_FP16, 4, sh,
+                                        FLASHC_DEVICE_CPU);
+    for (int i = 0; i < 4; i++)
+        t[4 + i] = flashc_tensor_contiguous(o + i * EN_N, FLASHC_DTYPE_FP16, 4, sh,
+                                            FLASHC_DEVICE_CPU);
+    flashc_tensor lse = flashc_tensor_contiguous(l, FLASHC_DTYPE_FP32, 3, ls, FLASHC_DEVICE_CPU);
     flashc_fwd_args f;
     memset(&f, 0, sizeof f);
     f.abi = FLASHC_ABI_VERSION;
-    f.q = flashc_tensor_contiguous((void *)qkv, FLASHC_DTYPE_FP16, 4, sh, FLASHC_DEVICE_CPU);
-    f.k = flashc_tensor_contiguous((void *)(qkv + EN_N), FLASHC_DTYPE_FP16, 4, sh,
-                                   FLASHC_DEVICE_CPU);
-    f.v = flashc_tensor_contiguous((void *)(qkv + 2 * EN_N), FLASHC_DTYPE_FP16, 4, sh,
-                                   FLASHC_DEVICE_CPU);
-    f.out = flashc_tensor_contiguous(o, FLASHC_DTYPE_FP16, 4, sh, FLASHC_DEVICE_CPU);
-    f.softmax_lse = flashc_tensor_contiguous(l, FLASHC_DTYPE_FP32, 3, ls, FLASHC_DEVICE_CPU);
+    f.q = t[0], f.k = t[1], f.v = t[2], f.out = t[4], f.softmax_lse = lse;
+    flashc_bwd_args g;
+    memset(&g, 0, sizeof g);
+    g.abi = FLASHC_ABI_VERSION;
+    g.q = t[0], g.k = t[1], g.v = t[2], g.dout = t[3], g.out = t[4], g.softmax_lse = lse;
+    g.dq = t[5], g.dk = t[6], g.dv = t[7];
     flashc_params p = flashc_params_default();
     p.causal = 1;
     FC_ASSERT_OK(flashc_set_simd(simd));
     FC_ASSERT_OK(flashc_fwd(&f, &p, NULL, 0));
-    for (int64_t i = 0; i < EN_N; i++) out[i] = fc_get(o, FLASHC_DTYPE_FP16, i);
-    for (int64_t i = 0; i < EN_H * EN_S; i++) lse[i] = l[i];
+    FC_ASSERT_OK(flashc_bwd(&g, &p, NULL, 0));
+    for (int64_t i = 0; i < EN_N; i++) res[i] = fc_get(o, FLASHC_DTYPE_FP16, i);
+    for (int64_t i = 0; i < EN_L; i++) res[EN_N + i] = l[i];
+    for (int64_t i = 0; i < 3 * EN_N; i++)
+        res[EN_N + EN_L + i] = fc_get(o + EN_N, FLASHC_DTYPE_FP16, i);
 }
 
 static void en_run(const void *param) {
     const en_case *c = (const en_case *)param;
-    static uint16_t qkv[3 * EN_N];
-    static double o0[EN_N], l0[EN_H * EN_S], o1[EN_N], l1[EN_H * EN_S];
-    for (int64_t i = 0; i < 3 * EN_N; i++)
-        fc_set(qkv, FLASHC_DTYPE_FP16, i, fc_rand_uniform(-1.0, 1.0));
+    enum { R = 4 * EN_N + EN_L };
+    static uint16_t qkvd[4 * EN_N];
+    static double r0[R], r1[R], one[R];
+    static const char *what[] = {"out", "lse", "dq", "dk", "dv"};
+    for (int64_t i = 0; i < 4 * EN_N; i++)
+        fc_set(qkvd, FLASHC_DTYPE_FP16, i, fc_rand_uniform(-1.0, 1.0));
     if (c->which == 0) /* q's element against a key column of one sign: every score -inf */
         for (int64_t j = 0; j < EN_S; j++)
-            fc_set(qkv + EN_N, FLASHC_DTYPE_FP16, (j * EN_H) * EN_D, 0.5);
-    fc_set(qkv + c->which * EN_N, FLASHC_DTYPE_FP16, c->at, c->value);
+            fc_set(qkvd + EN_N, FLASHC_DTYPE_FP16, (j * EN_H) * EN_D, 0.5);
+    fc_set(qkvd + c->which * EN_N, FLASHC_DTYPE_FP16, c->at, c->value);
     flashc_simd saved = flashc_simd_active();
-    en_fwd(FLASHC_SIMD_SCALAR, qkv, o0, l0);
+    en_path(FLASHC_SIMD_SCALAR, qkvd, r0);
     int nonfinite = 0;
-    for (int64_t i = 0; i < EN_N; i++) nonfinite += en_class(o0[i]) != 0;
-    for (int64_t i = 0; i < EN_H * EN_S; i++) nonfinite += en_class(l0[i]) != 0;
+    for (int64_t i = 0; i < R; i++) nonfinite += en_class(r0[i]) != 0;
     FC_EXPECT_TRUE(nonfinite > 0); /* the case reaches the outputs */
-    for (int s = FLASHC_SIMD_AVX2; s < FLASHC_SIMD_COUNT; s++) {
+    /* one thread: the backward's fused schedule; five (B Hk = 2 tasks): two-pass */
+    for (int s = FLASHC_SIMD_AVX2, threads = 1; s < FLASHC_SIMD_COUNT; threads = 6 - threads,
+             s += threads == 1) {
         if (!flashc_simd_supported((flashc_simd)s)) continue;
-        en_fwd((flashc_simd)s, qkv, o1, l1);
-        int bad = 0;
-        for (int64_t i = 0; i < EN_N; i++)
-            bad += en_class(o1[i]) != en_class(o0[i]) ||
-                   (!en_class(o0[i]) && fabs(o1[i] - o0[i]) > 0x1p-8 * (1.0 + fabs(o0[i])));
-        for (int64_t i = 0; i < EN_H * EN_S; i++)
-            bad += en_class(l1[i]) != en_class(l0[i]) ||
-                   (!en_class(l0[i]) && fabs(l1[i] - l0[i]) > 1e-3 * (1.0 + fabs(l0[i])));
-        if (bad)
-            fc_test_fail(__FILE__, __LINE__, "simd=%s: %d of out and lse differ from scalar's",
-                         flashc_simd_name((flashc_simd)s), bad);
+        flashc_set_num_threads(threads);
+        en_path((flashc_simd)s, qkvd, r1);
+        flashc_set_num_threads(0);
+        int bad[5] = {0, 0, 0, 0, 0};
+        for (int64_t i = 0; i < R; i++) {
+            int k = i < EN_N ? 0 : i < EN_N + EN_L ? 1 : 2 + (int)((i - EN_N - EN_L) / EN_N);
+            double tol = k == 1 ? 1e-3 : k == 0 ? 0x1p-8 : 0x1p-6; /* (gradients: fp16 sums) */
+            bad[k] += en_class(r1[i]) != en_class(r0[i]) ||
+                      (!en_class(r0[i]) && fabs(r1[i] - r0[i]) > tol * (1.0 + fabs(r0[i])));
+        }
+        for (int k = 0; k < 5; k++)
+            if (bad[k])
+                fc_test_fail(__FILE__, __LINE__, "simd=%s threads=%d: %d of %s differ from "
+                             "scalar's", flashc_simd_name((flashc_simd)s), threads, bad[k],
+                             what[k]);
+        if (threads == 1) { /* and the other schedule bit for bit (NaN where NaN) */
+            memcpy(one, r1, sizeof one);
+            continue;
+        }
+        int moved = 0;
+        for (int64_t i = 0; i < R; i++)
+            moved += en_class(one[i]) != en_class(r1[i]) || (!en_class(r1[i]) && one[i] != r1[i]);
+        if (moved)
+            fc_test_fail(__FILE__, __LINE__, "simd=%s: %d values differ between 1 and 5 threads",
+                         flashc_simd_name((flashc_simd)s), moved);
     }
     flashc_set_simd(saved);
 }

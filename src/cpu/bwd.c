@@ -43,7 +43,14 @@
  * form) and in pairs of rows (dV, dK: tn; dQ: nn); P o Z and dS are rounded to
  * bf16 before their products, as FlashAttention-2 does on the GPU (and as the
  * tests' same-precision baseline does), while Delta and the dS formula use the
- * fp32 P and dP. fp16 and fp32 stay on the fp32 GEMMs (no AVX512_FP16 path).
+ * fp32 P and dP. fp32 stays on the fp32 GEMMs, and so does fp16 but on AMX.
+ *
+ * fp16 on AMX tiles (the amx path, plan.split): the same pairs, each operand as
+ * bf16 hi + lo (simd.h's split: exact for the fp16 inputs, ~16 bits for P o Z
+ * and dS) and each product as three tile products, hi hi' + hi lo' + lo hi'.
+ * When q, k, v, out or dout hold inf or NaN (inf x 0 in a cross product
+ * would be NaN) the whole call takes the fp32 products instead: the Delta
+ * pass looks (fc_bwd_delta_task), so every schedule makes the same choice.
  *
  * Masks: tiles no row of the tile sees are skipped in both schedules (by the
  * same test); only tiles on the boundary of a causal or local window apply the
@@ -127,6 +134,8 @@ typedef struct fc_bwd_plan {
     int threads;
     bool fused;
     bool dot;                /* bf16 dot products (fc_bwd_use_dot) */
+    bool split;              /* fp16 as bf16 hi + lo on AMX tiles (simd.h's fc_split_runs) */
+    bool pairs;              /* dot or split: the operands in bf16 pairs */
     size_t off[FC_WS_COUNT]; /* region offsets inside one thread's scratch */
     size_t thread_bytes;     /* one thread's scratch, a multiple of FLASHC_WORKSPACE_ALIGN */
     size_t delta_off, scratch_off, total;
@@ -146,7 +155,8 @@ static int64_t fc_bwd_longest(const fc_attn *a, bool keys) {
  * not twice, but has only B*Hk tasks: use it while they keep at least 3/4 of
  * the threads busy over the rounds they take. Then threads <= 4/3 B*Hk, so its
  * scratch, (3 Sq + 2 Sk) D floats per thread, stays below 4 times the fp32
- * size of q plus 3 times that of k. */
+ * size of q plus 3 times that of k (fp16 split on AMX: Q's and dO's pairs,
+ * hi and lo, take twice their fp32 rows, (5 Sq + 2 Sk) D: below 7 times q's). */
 static bool fc_bwd_use_fused(const fc_attn *a, int threads) {
     int64_t tasks = a->batch * a->kv_heads;
     if (threads <= 1) return true;
@@ -171,14 +181,18 @@ static size_t fc_bwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_bwd_
     int64_t dmax = a->head_dim > a->head_dim_v ? a->head_dim : a->head_dim_v;
     while (dmax > fc_bwd_tile_table[t].max_d) t++;
     pl->dot = fc_bwd_use_dot(a, ops);
-    bool amx = pl->dot && ops->level == FLASHC_SIMD_AMX;
+    pl->split = fc_split_runs(a, ops); /* the forward's rule (simd.h) */
+    pl->pairs = pl->dot || pl->split;
+    bool amx = (pl->dot && ops->level == FLASHC_SIMD_AMX) || pl->split;
     fc_bwd_tile_size tile = amx ? fc_bwd_amx_tiles : fc_bwd_tile_table[t];
     pl->br = tile.br;
     pl->bc = tile.bc;
     /* the sizes below reserve, on a CPU with AMX, the larger of both tiles for
-     * bf16, so that the workspace is the same on every path */
+     * bf16 and fp16 (and fp16's pairs, hi and lo), so that the workspace is the
+     * same on every path */
     int rbr = pl->br, rbc = pl->bc;
-    if (a->dtype == FLASHC_DTYPE_BF16 && fc_simd_amx_possible()) {
+    bool fp16_amx = fc_split_problem(a);
+    if ((a->dtype == FLASHC_DTYPE_BF16 && fc_simd_amx_possible()) || fp16_amx) {
         fc_bwd_tile_size o = amx ? fc_bwd_tile_table[t] : fc_bwd_amx_tiles;
         rbr = o.br > rbr ? o.br : rbr;
         rbc = o.bc > rbc ? o.bc : rbc;
@@ -194,8 +208,10 @@ static size_t fc_bwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_bwd_
     size_t f = sizeof(float), d = (size_t)pl->d, dv = (size_t)pl->dv;
     size_t br = (size_t)rbr, bc = (size_t)rbc;
     size_t rows_q = pl->fused ? (size_t)pl->sq : br, rows_k = pl->fused ? (size_t)pl->sk : bc;
-    /* bf16 pairs (uint32): along D and Dv, and of rows */
-    size_t u = a->dtype == FLASHC_DTYPE_BF16 ? sizeof(uint32_t) : 0;
+    /* bf16 pairs (uint32): along D and Dv, and of rows; fp16's: hi, then lo */
+    size_t u = a->dtype == FLASHC_DTYPE_BF16 ? sizeof(uint32_t)
+               : fp16_amx                     ? 2 * sizeof(uint32_t)
+                                              : 0;
     size_t d2 = (d + 1) / 2, dv2 = (dv + 1) / 2, bc2 = (bc + 1) / 2, br2 = (br + 1) / 2;
     size_t rows_q2 = (rows_q + 1) / 2;
     size_t sizes[FC_WS_COUNT];
@@ -239,6 +255,7 @@ typedef struct fc_bwd_ctx {
     size_t esize;          /* bytes per element of the dtype */
     fc_score_consts sc;    /* common/score.h: dot product -> z in log2 units, dropout */
     atomic_int bad_thread; /* a pool thread index past plan.threads was seen */
+    atomic_int nonfinite;  /* plan.split: an input holds inf or NaN (fc_bwd_delta_task) */
 } fc_bwd_ctx;
 
 /* One thread's scratch (fp32, row-major; the (Br, Bc) tiles have leading
@@ -250,7 +267,7 @@ typedef struct fc_bwd_scratch {
     float *lse, *delta;     /* (Br) */
     float *q, *dout, *dq;   /* (Sq or Br, D); dout: Dv */
     float *dk, *dv;         /* (Sk or Bc, D); dv: Dv */
-    /* bf16 dot products (plan.dot), in the regions of k, v, q, dout; D2, Dv2:
+    /* bf16 pairs (plan.pairs), in the regions of k, v, q, dout; D2, Dv2:
      * (D + 1) / 2, (Dv + 1) / 2 pairs (an odd length ends in a zero half);
      * rows: Sq (fused) or Br (two-pass); pairs of rows: (2p, 2p + 1) */
     uint32_t *k2d, *k2r;    /* (Bc, D2) Kj; (Bc/2, D) pairs of its rows */
@@ -259,6 +276,8 @@ typedef struct fc_bwd_scratch {
     uint32_t *do2d, *do2r;  /* (rows, Dv2) dO; (rows/2, Dv) pairs of its rows */
     uint32_t *ps2r;         /* (Br/2, Bc) P o Z, then dS, pairs of rows */
     uint32_t *ds2k;         /* (Br, Bc/2) dS, pairs of keys */
+    /* plan.split: the lo halves of each, laid out as its hi (NULL otherwise) */
+    uint32_t *k2d_lo, *k2r_lo, *v2d_lo, *q2d_lo, *q2r_lo, *do2d_lo, *do2r_lo, *ps2r_lo, *ds2k_lo;
 } fc_bwd_scratch;
 
 static bool fc_bwd_scratch_get(fc_bwd_ctx *c, int thread, fc_bwd_scratch *s) {
@@ -292,6 +311,20 @@ static bool fc_bwd_scratch_get(fc_bwd_ctx *c, int thread, fc_bwd_scratch *s) {
     s->do2r = s->do2d + rows * ((dv + 1) / 2);
     s->ps2r = (uint32_t *)(base + o[FC_WS_PS2R]);
     s->ds2k = (uint32_t *)(base + o[FC_WS_DS2K]);
+    s->k2d_lo = s->k2r_lo = s->v2d_lo = s->q2d_lo = s->q2r_lo = NULL;
+    s->do2d_lo = s->do2r_lo = s->ps2r_lo = s->ds2k_lo = NULL;
+    if (c->pl.split) { /* each lo after its region's hi */
+        size_t bc = (size_t)c->pl.bc, br = (size_t)c->pl.br, d2 = (d + 1) / 2, dv2 = (dv + 1) / 2;
+        s->k2d_lo = s->k2d + bc * d2 + (bc + 1) / 2 * d;
+        s->k2r_lo = s->k2d_lo + bc * d2;
+        s->v2d_lo = s->v2d + bc * dv2;
+        s->q2d_lo = s->q2d + rows * d2 + (rows + 1) / 2 * d;
+        s->q2r_lo = s->q2d_lo + rows * d2;
+        s->do2d_lo = s->do2d + rows * dv2 + (rows + 1) / 2 * dv;
+        s->do2r_lo = s->do2d_lo + rows * dv2;
+        s->ps2r_lo = s->ps2r + (br + 1) / 2 * bc;
+        s->ds2k_lo = s->ds2k + br * ((bc + 1) / 2);
+    }
     return true;
 }
 
@@ -326,6 +359,28 @@ static void fc_bwd_load_q(const fc_bwd_ctx *c, const fc_bwd_scratch *s, int64_t 
                           int64_t i0, int64_t n) {
     const fc_attn *a = c->a;
     int d = (int)c->pl.d, dv = (int)c->pl.dv;
+    if (c->pl.split) {
+        size_t d2 = (size_t)(d + 1) / 2, dv2 = (size_t)(dv + 1) / 2;
+        for (int64_t r = 0; r < n; r++) {
+            const void *q = fc_bwd_qrow(c, &a->q, b, h, i0 + r);
+            const void *dout = fc_bwd_qrow(c, &a->dout, b, h, i0 + r);
+            c->ops->split(FLASHC_DTYPE_FP16, d, q, NULL, 0, s->q2d + (size_t)r * d2,
+                          s->q2d_lo + (size_t)r * d2);
+            c->ops->split(FLASHC_DTYPE_FP16, dv, dout, NULL, 0, s->do2d + (size_t)r * dv2,
+                          s->do2d_lo + (size_t)r * dv2);
+        }
+        for (int64_t r = 0; r < n; r += 2) {
+            bool odd = r + 1 == n; /* the last row of an odd count pairs with zeros */
+            size_t qo = (size_t)(r / 2) * d, doo = (size_t)(r / 2) * dv;
+            c->ops->split(FLASHC_DTYPE_FP16, d, fc_bwd_qrow(c, &a->q, b, h, i0 + r),
+                          odd ? NULL : fc_bwd_qrow(c, &a->q, b, h, i0 + r + 1), 1, s->q2r + qo,
+                          s->q2r_lo + qo);
+            c->ops->split(FLASHC_DTYPE_FP16, dv, fc_bwd_qrow(c, &a->dout, b, h, i0 + r),
+                          odd ? NULL : fc_bwd_qrow(c, &a->dout, b, h, i0 + r + 1), 1,
+                          s->do2r + doo, s->do2r_lo + doo);
+        }
+        return;
+    }
     if (c->pl.dot) {
         size_t d2 = (size_t)(d + 1) / 2, dv2 = (size_t)(dv + 1) / 2;
         for (int64_t r = 0; r < n; r++) {
@@ -356,6 +411,22 @@ static void fc_bwd_load_kv(const fc_bwd_ctx *c, const fc_bwd_scratch *s, int64_t
                            int64_t j0, int n) {
     const fc_attn *a = c->a;
     int d = (int)c->pl.d, dv = (int)c->pl.dv;
+    if (c->pl.split) {
+        size_t d2 = (size_t)(d + 1) / 2, dv2 = (size_t)(dv + 1) / 2;
+        for (int r = 0; r < n; r++) {
+            const void *k = fc_bwd_kvrow(c, &a->k, b, hk, j0 + r);
+            const void *v = fc_bwd_kvrow(c, &a->v, b, hk, j0 + r);
+            c->ops->split(FLASHC_DTYPE_FP16, d, k, NULL, 0, s->k2d + (size_t)r * d2,
+                          s->k2d_lo + (size_t)r * d2);
+            c->ops->split(FLASHC_DTYPE_FP16, dv, v, NULL, 0, s->v2d + (size_t)r * dv2,
+                          s->v2d_lo + (size_t)r * dv2);
+        }
+        for (int r = 0; r < n; r += 2)
+            c->ops->split(FLASHC_DTYPE_FP16, d, fc_bwd_kvrow(c, &a->k, b, hk, j0 + r),
+                          r + 1 == n ? NULL : fc_bwd_kvrow(c, &a->k, b, hk, j0 + r + 1), 1,
+                          s->k2r + (size_t)(r / 2) * d, s->k2r_lo + (size_t)(r / 2) * d);
+        return;
+    }
     if (c->pl.dot) {
         size_t d2 = (size_t)(d + 1) / 2, dv2 = (size_t)(dv + 1) / 2;
         for (int r = 0; r < n; r++) {
@@ -380,17 +451,25 @@ static void fc_bwd_load_kv(const fc_bwd_ctx *c, const fc_bwd_scratch *s, int64_t
 typedef struct fc_bwd_qops {
     const float *q, *dout;                   /* (Br, D), (Br, Dv) */
     const uint32_t *q2d, *q2r, *do2d, *do2r; /* as in fc_bwd_scratch */
+    const uint32_t *q2d_lo, *q2r_lo, *do2d_lo, *do2r_lo; /* plan.split: their lo halves */
 } fc_bwd_qops;
 
 static fc_bwd_qops fc_bwd_qops_at(const fc_bwd_ctx *c, const fc_bwd_scratch *s, int64_t r) {
     size_t d = (size_t)c->pl.d, dv = (size_t)c->pl.dv, rr = (size_t)r;
-    fc_bwd_qops x = {NULL, NULL, NULL, NULL, NULL, NULL};
-    if (c->pl.dot) {
+    fc_bwd_qops x = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    if (c->pl.pairs) {
         x.q2d = s->q2d + rr * ((d + 1) / 2);
         x.q2r = s->q2r + rr / 2 * d;
         x.do2d = s->do2d + rr * ((dv + 1) / 2);
         x.do2r = s->do2r + rr / 2 * dv;
-    } else {
+    }
+    if (c->pl.split) {
+        x.q2d_lo = s->q2d_lo + rr * ((d + 1) / 2);
+        x.q2r_lo = s->q2r_lo + rr / 2 * d;
+        x.do2d_lo = s->do2d_lo + rr * ((dv + 1) / 2);
+        x.do2r_lo = s->do2r_lo + rr / 2 * dv;
+    }
+    if (!c->pl.pairs) {
         x.q = s->q + rr * d;
         x.dout = s->dout + rr * dv;
     }
@@ -440,12 +519,31 @@ static void fc_bwd_delta_task(void *ctx, int64_t task, int thread) {
     int64_t b = task / a->heads, h = task % a->heads, sq = fc_seqlen_q(a, b);
     int d = (int)c->pl.dv; /* dO_i . O_i over Dv */
     float *delta = fc_bwd_delta_row(c, b, h);
+    bool finite = true;
     for (int64_t i = 0; i < sq; i++) {
         c->ops->load(a->dtype, d, fc_bwd_qrow(c, &a->dout, b, h, i), s.dout, 1.0f);
         c->ops->load(a->dtype, d, fc_bwd_qrow(c, &a->out, b, h, i), s.q, 1.0f);
         float acc = 0.0f;
         for (int e = 0; e < d; e++) acc += s.dout[e] * s.q[e];
         delta[i] = acc;
+        finite = finite && isfinite(acc); /* not, where dout or out is (16-bit: no overflow) */
+    }
+    /* plan.split: q's rows of head h, and k's and v's of its kv head (the group's
+     * first head looks), inf or NaN (split's answer; its halves go to the
+     * regions of q, k, v, where their first row of pairs would) */
+    if (c->pl.split) {
+        int dq = (int)c->pl.d, dvv = (int)c->pl.dv;
+        uint32_t *q2 = (uint32_t *)s.q, *k2 = (uint32_t *)s.k, *v2 = (uint32_t *)s.v;
+        int64_t hk = h / c->pl.group, sk = fc_seqlen_k(a, b);
+        for (int64_t i = 0; finite && i < sq; i++)
+            finite = !c->ops->split(FLASHC_DTYPE_FP16, dq, fc_bwd_qrow(c, &a->q, b, h, i), NULL,
+                                    0, q2, q2 + (dq + 1) / 2);
+        for (int64_t j = 0; finite && h % c->pl.group == 0 && j < sk; j++)
+            finite = !c->ops->split(FLASHC_DTYPE_FP16, dq, fc_bwd_kvrow(c, &a->k, b, hk, j), NULL,
+                                    0, k2, k2 + (dq + 1) / 2) &&
+                     !c->ops->split(FLASHC_DTYPE_FP16, dvv, fc_bwd_kvrow(c, &a->v, b, hk, j),
+                                    NULL, 0, v2, v2 + (dvv + 1) / 2);
+        if (!finite) atomic_store(&c->nonfinite, 1);
     }
     /* dsink. O_i = sum_j P_ij Z_ij v_j (Z: dropout's 0 or 1/(1-p)) with
      * P_ij = e^{x_ij - lse_i}, lse_i = log(e^s + sum_j e^{x_ij}), so
@@ -652,21 +750,30 @@ static void fc_bwd_zero_outside(float *x, int ld, int bc, const fc_bwd_block *q)
 }
 
 /* x (br, bc; ld Bc) rounded to bf16 in pairs of rows into dst (ld Bc): the
- * operand A of a tn product. */
+ * operand A of a tn product; with lo (plan.split) split into dst and lo. */
 static void fc_bwd_pairs_of_rows(const fc_bwd_ctx *c, const float *x, int br, int bc,
-                                 uint32_t *dst) {
+                                 uint32_t *dst, uint32_t *lo) {
     size_t ld = (size_t)c->pl.bc;
-    for (int r = 0; r < br; r += 2)
-        c->ops->pack_pairs(FLASHC_DTYPE_FP32, bc, x + r * ld, r + 1 < br ? x + (r + 1) * ld : NULL,
-                           dst + (size_t)(r / 2) * ld);
+    for (int r = 0; r < br; r += 2) {
+        const float *r1 = r + 1 < br ? x + (r + 1) * ld : NULL;
+        if (lo)
+            c->ops->split(FLASHC_DTYPE_FP32, bc, x + r * ld, r1, 1, dst + (size_t)(r / 2) * ld,
+                          lo + (size_t)(r / 2) * ld);
+        else
+            c->ops->pack_pairs(FLASHC_DTYPE_FP32, bc, x + r * ld, r1, dst + (size_t)(r / 2) * ld);
+    }
 }
 
 /* x (br, bc; ld Bc) rounded to bf16 in pairs of keys into dst (ld Bc / 2): the
- * operand A of an nn product. */
+ * operand A of an nn product; with lo (plan.split) split into dst and lo. */
 static void fc_bwd_pairs_of_keys(const fc_bwd_ctx *c, const float *x, int br, int bc,
-                                 uint32_t *dst) {
+                                 uint32_t *dst, uint32_t *lo) {
     size_t ld = (size_t)c->pl.bc, ld2 = (ld + 1) / 2;
     for (int r = 0; r < br; r++) {
+        if (lo) {
+            c->ops->split(FLASHC_DTYPE_FP32, bc, x + r * ld, NULL, 0, dst + r * ld2, lo + r * ld2);
+            continue;
+        }
         uint16_t *row = (uint16_t *)(dst + r * ld2);
         c->ops->store(FLASHC_DTYPE_BF16, bc, x + r * ld, row, 1.0f);
         if (bc & 1) row[bc] = 0;
@@ -675,19 +782,26 @@ static void fc_bwd_pairs_of_keys(const fc_bwd_ctx *c, const float *x, int br, in
 
 /* C (by query sub-block, ld Bc) = rows of A against key rows of B over the keys
  * each sub-block sees, zero elsewhere: S = Qi Kj^T (n = D) or dP = dOi Vj^T
- * (n = Dv). a, b: fp32 rows (ld n); a2, b2: pairs along n (plan.dot). */
+ * (n = Dv). a, b: fp32 rows (ld n); a2, b2: pairs along n (plan.pairs); a2lo,
+ * b2lo: their lo halves (plan.split). */
 static void fc_bwd_rows_by_keys(const fc_bwd_ctx *c, const fc_bwd_blocks *bl, int bc, int n,
                                 const float *a, const float *b, const uint32_t *a2,
-                                const uint32_t *b2, float *C) {
+                                const uint32_t *b2, const uint32_t *a2lo, const uint32_t *b2lo,
+                                float *C) {
     int ld = c->pl.bc, n2 = (n + 1) / 2;
     for (int g = 0; g < bl->nq; g++) {
         const fc_bwd_block *q = &bl->q[g];
         float *cq = C + (size_t)q->r0 * ld + q->c0;
         if (q->c1 > q->c0) {
-            if (c->pl.dot)
-                c->ops->gemm_bf16_nt(q->r1 - q->r0, q->c1 - q->c0, n2, a2 + (size_t)q->r0 * n2, n2,
-                                     b2 + (size_t)q->c0 * n2, n2, cq, ld, 1.0f, 0);
-            else
+            int m = q->r1 - q->r0, nc = q->c1 - q->c0;
+            size_t ao = (size_t)q->r0 * n2, bo = (size_t)q->c0 * n2;
+            if (c->pl.pairs)
+                c->ops->gemm_bf16_nt(m, nc, n2, a2 + ao, n2, b2 + bo, n2, cq, ld, 1.0f, 0);
+            if (c->pl.split) { /* hi lo' + lo hi' */
+                c->ops->gemm_bf16_nt(m, nc, n2, a2 + ao, n2, b2lo + bo, n2, cq, ld, 1.0f, 1);
+                c->ops->gemm_bf16_nt(m, nc, n2, a2lo + ao, n2, b2 + bo, n2, cq, ld, 1.0f, 1);
+            }
+            if (!c->pl.pairs)
                 c->ops->gemm_nt(q->r1 - q->r0, q->c1 - q->c0, n, a + (size_t)q->r0 * n, n,
                                 b + (size_t)q->c0 * n, n, cq, ld, 0);
         }
@@ -697,20 +811,27 @@ static void fc_bwd_rows_by_keys(const fc_bwd_ctx *c, const fc_bwd_blocks *bl, in
 
 /* dst (Bc, n) += X^T R by key sub-block over the rows that see it: dVj +=
  * (P o Z)^T dOi (n = Dv) or dKj += dS^T Qi (n = D). x: (Br, Bc) fp32, r: rows
- * (ld n); x2, r2: pairs of rows (plan.dot). */
+ * (ld n); x2, r2: pairs of rows (plan.pairs); x2lo, r2lo: their lo halves
+ * (plan.split). */
 static void fc_bwd_keys_by_rows(const fc_bwd_ctx *c, const fc_bwd_blocks *bl, int n,
                                 const float *x, const float *r, const uint32_t *x2,
-                                const uint32_t *r2, float *dst) {
+                                const uint32_t *r2, const uint32_t *x2lo, const uint32_t *r2lo,
+                                float *dst) {
     int ld = c->pl.bc;
     for (int g = 0; g < bl->nk; g++) {
         const fc_bwd_block *k = &bl->k[g];
         int m = k->c1 - k->c0, rows = k->r1 - k->r0;
         if (rows <= 0) continue;
         float *dk = dst + (size_t)k->c0 * n;
-        if (c->pl.dot)
-            c->ops->gemm_bf16_tn(m, n, (rows + 1) / 2, x2 + (size_t)(k->r0 / 2) * ld + k->c0, ld,
-                                 r2 + (size_t)(k->r0 / 2) * n, n, dk, n, 1.0f, 1);
-        else
+        size_t xo = (size_t)(k->r0 / 2) * ld + k->c0, ro = (size_t)(k->r0 / 2) * n;
+        int k2 = (rows + 1) / 2;
+        if (c->pl.pairs)
+            c->ops->gemm_bf16_tn(m, n, k2, x2 + xo, ld, r2 + ro, n, dk, n, 1.0f, 1);
+        if (c->pl.split) {
+            c->ops->gemm_bf16_tn(m, n, k2, x2 + xo, ld, r2lo + ro, n, dk, n, 1.0f, 1);
+            c->ops->gemm_bf16_tn(m, n, k2, x2lo + xo, ld, r2 + ro, n, dk, n, 1.0f, 1);
+        }
+        if (!c->pl.pairs)
             c->ops->gemm_tn(m, n, rows, x + (size_t)k->r0 * ld + k->c0, ld,
                             r + (size_t)k->r0 * n, n, dk, n, 1);
     }
@@ -725,11 +846,15 @@ static void fc_bwd_dq_by_keys(const fc_bwd_ctx *c, const fc_bwd_scratch *s,
         int nc = q->c1 - q->c0;
         if (nc <= 0) continue;
         float *dqq = dq + (size_t)q->r0 * d;
-        if (c->pl.dot)
-            c->ops->gemm_bf16_nn(q->r1 - q->r0, d, (nc + 1) / 2,
-                                 s->ds2k + (size_t)q->r0 * ld2 + q->c0 / 2, ld2,
-                                 s->k2r + (size_t)(q->c0 / 2) * d, d, dqq, d, 1.0f, 1);
-        else
+        int m = q->r1 - q->r0, k2 = (nc + 1) / 2;
+        size_t ao = (size_t)q->r0 * ld2 + q->c0 / 2, bo = (size_t)(q->c0 / 2) * d;
+        if (c->pl.pairs)
+            c->ops->gemm_bf16_nn(m, d, k2, s->ds2k + ao, ld2, s->k2r + bo, d, dqq, d, 1.0f, 1);
+        if (c->pl.split) {
+            c->ops->gemm_bf16_nn(m, d, k2, s->ds2k + ao, ld2, s->k2r_lo + bo, d, dqq, d, 1.0f, 1);
+            c->ops->gemm_bf16_nn(m, d, k2, s->ds2k_lo + ao, ld2, s->k2r + bo, d, dqq, d, 1.0f, 1);
+        }
+        if (!c->pl.pairs)
             c->ops->gemm_nn(q->r1 - q->r0, d, nc, s->p + (size_t)q->r0 * ld + q->c0, ld,
                             s->k + (size_t)q->c0 * d, d, dqq, d, 1);
     }
@@ -743,10 +868,10 @@ static void fc_bwd_dq_by_keys(const fc_bwd_ctx *c, const fc_bwd_scratch *s,
 static void fc_bwd_tile_run(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const fc_bwd_tile *t,
                             const fc_bwd_qops *x, float *dq, float *dk, float *dv) {
     int d = (int)c->pl.d, dvd = (int)c->pl.dv, ld = c->pl.bc, br = t->br, bc = t->bc;
-    bool dot = c->pl.dot;
+    bool pairs = c->pl.pairs;
     fc_bwd_blocks bl;
     fc_bwd_blocks_make(c->a, t, &bl);
-    fc_bwd_rows_by_keys(c, &bl, bc, d, x->q, s->k, x->q2d, s->k2d, s->p);
+    fc_bwd_rows_by_keys(c, &bl, bc, d, x->q, s->k, x->q2d, s->k2d, x->q2d_lo, s->k2d_lo, s->p);
     fc_bwd_probs(c, s, t);
     if (dv) {
         const float *pz = s->p;
@@ -758,20 +883,23 @@ static void fc_bwd_tile_run(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const 
             }
             pz = s->dp;
         }
-        if (dot) fc_bwd_pairs_of_rows(c, pz, br, bc, s->ps2r);
-        fc_bwd_keys_by_rows(c, &bl, dvd, pz, x->dout, s->ps2r, x->do2r, dv);
+        if (pairs) fc_bwd_pairs_of_rows(c, pz, br, bc, s->ps2r, s->ps2r_lo);
+        fc_bwd_keys_by_rows(c, &bl, dvd, pz, x->dout, s->ps2r, x->do2r, s->ps2r_lo, x->do2r_lo,
+                            dv);
     }
-    fc_bwd_rows_by_keys(c, &bl, bc, dvd, x->dout, s->v, x->do2d, s->v2d, s->dp);
+    fc_bwd_rows_by_keys(c, &bl, bc, dvd, x->dout, s->v, x->do2d, s->v2d, x->do2d_lo, s->v2d_lo,
+                        s->dp);
     fc_bwd_dscores(c, s, t);
     if (dk) {
-        if (dot) fc_bwd_pairs_of_rows(c, s->p, br, bc, s->ps2r);
-        fc_bwd_keys_by_rows(c, &bl, d, s->p, x->q, s->ps2r, x->q2r, dk);
+        if (pairs) fc_bwd_pairs_of_rows(c, s->p, br, bc, s->ps2r, s->ps2r_lo);
+        fc_bwd_keys_by_rows(c, &bl, d, s->p, x->q, s->ps2r, x->q2r, s->ps2r_lo, x->q2r_lo, dk);
     }
     if (dq) {
-        if (dot) fc_bwd_pairs_of_keys(c, s->p, br, bc, s->ds2k);
+        if (pairs) fc_bwd_pairs_of_keys(c, s->p, br, bc, s->ds2k, s->ds2k_lo);
         fc_bwd_dq_by_keys(c, s, &bl, dq);
     }
 }
+
 
 /* ---- fused schedule: one task per (b, hk) ---- */
 static void fc_bwd_fused_task(void *ctx, int64_t task, int thread) {
@@ -905,11 +1033,15 @@ flashc_status fc_cpu_bwd(const fc_attn *a, void *ws, size_t ws_bytes) {
     c.esize = flashc_dtype_size(a->dtype);
     c.sc = fc_score_consts_of(a);
     atomic_init(&c.bad_thread, 0);
+    atomic_init(&c.nonfinite, 0);
 
-    FC_LOG("cpu bwd: simd=%s bf16_dot=%d schedule=%s Br=%d Bc=%d threads=%d",
-           flashc_simd_name(flashc_simd_active()), (int)c.pl.dot, c.pl.fused ? "fused" : "dkdv+dq",
+    FC_LOG("cpu bwd: simd=%s bf16_dot=%d fp16_split=%d schedule=%s Br=%d Bc=%d threads=%d",
+           flashc_simd_name(flashc_simd_active()), (int)c.pl.dot, (int)c.pl.split,
+           c.pl.fused ? "fused" : "dkdv+dq",
            c.pl.br, c.pl.bc, c.pl.threads);
     fc_pool_run(a->batch * a->heads, fc_bwd_delta_task, &c);
+    if (atomic_load(&c.nonfinite)) /* the fp32 products, same tiles and workspace */
+        c.pl.split = c.pl.pairs = false;
     if (c.pl.fused) {
         fc_pool_run(a->batch * a->kv_heads, fc_bwd_fused_task, &c);
     } else {

@@ -44,7 +44,7 @@
  *
  * fp16 on the amx path (p->split, no dropout): the same queries-down tiles,
  * each fp16 operand (Qi, Kj, Vj) split into bf16 halves hi + lo (simd.h's
- * split_fp16, exact) and P into hi + lo to about 16 bits; each GEMM is three
+ * split, exact) and P into hi + lo to about 16 bits; each GEMM is three
  * tile GEMMs, hi hi' + hi lo' + lo hi', so the products keep about 16 bits,
  * more than fp16's 11 (a plain fp16 forward rounds S and P to fp16).
  *
@@ -125,6 +125,7 @@ static fc_fwd_tiles fc_fwd_pick_tiles(int64_t D) {
  * was 15-25% slower than gemm_nn's narrow columns, though 6-12% faster from
  * cache (bench/NOTES.md). */
 #define FC_FWD_ROW_NQ 8
+_Static_assert(FC_FWD_ROW_NQ == FC_SPLIT_MIN_SQ, "a split problem's tiles are wide (simd.h)");
 /* The bound for bf16 on the bf16 dot-product path (AVX512_BF16), whose GEMMs run
  * at twice the fp32 rate: there the row path won at 1, 2 and 4 columns (1.7x,
  * 1.45x, 1.1-1.7x) and lost at 6 and 8 (0.85x, 0.8x); MHA or GQA, 32 query
@@ -214,18 +215,20 @@ static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_pl
     /* up to FC_FWD_ROW_NQ query rows (decode) keep the default tiles, the row
      * path's (and, past FC_FWD_ROW_NQ_DOT rows, a short queries-down tile's) */
     int wide = a->max_seqlen_q > FC_FWD_ROW_NQ;
-    /* fp16 problems the split may run reserve its buffers on a CPU with AMX */
-    int fp16 = a->dtype == FLASHC_DTYPE_FP16 && amx_cpu && wide && a->dropout_p == 0.0f;
+    /* fp16 problems the split may run reserve its buffers (simd.h) */
+    int fp16 = fc_split_problem(a), split = fc_split_runs(a, ops);
     int dot = fc_fwd_use_dot(a, ops), amx = dot && ops->level == FLASHC_SIMD_AMX;
-    int split = fp16 && ops->split_fp16 && ops->level == FLASHC_SIMD_AMX &&
-                (flashc_cpu_features() & ops->bf16_cpu) == ops->bf16_cpu;
     fc_fwd_tiles t = (amx || split) && wide ? fc_fwd_amx_tiles : fc_fwd_pick_tiles(dmax), r = t;
     if ((bf16 && amx_cpu && wide) || fp16) {
         fc_fwd_tiles o = amx || split ? fc_fwd_pick_tiles(dmax) : fc_fwd_amx_tiles;
         r.Br = o.Br > r.Br ? o.Br : r.Br;
         r.Bc = o.Bc > r.Bc ? o.Bc : r.Bc;
     }
-    p->rows_nq = !ops->dot_rows || !ops->axpy_rows ? 0 : dot ? FC_FWD_ROW_NQ_DOT : FC_FWD_ROW_NQ;
+    /* (split: every tile, a sequence's short last one too, on the tiles, whose
+     * scores the backward recomputes) */
+    p->rows_nq = !ops->dot_rows || !ops->axpy_rows || split ? 0
+                 : dot                                       ? FC_FWD_ROW_NQ_DOT
+                                                             : FC_FWD_ROW_NQ;
     if (a->max_seqlen_q * (a->heads / a->kv_heads) <= p->rows_nq)
         t.Bc = FC_FWD_ROW_BC; /* every tile by rows (r keeps the table's, for the size) */
     p->Br = t.Br;
@@ -498,9 +501,9 @@ static const uint32_t *fc_fwd_k_pairs(const fc_fwd_ctx *x, fc_fwd_tile *t, int64
     if (x->plan->split) {
         uint32_t *kc = (uint32_t *)t->k;
         for (int r = 0; r < nk; r++)
-            t->nonfinite |= x->ops->split_fp16(D, (const uint16_t *)fc_fwd_kvrow(a, &a->k, t, j0 + r),
-                                               NULL, 0, kc + (size_t)r * ldd,
-                                               kc + (size_t)r * ldd + ldd / 2);
+            t->nonfinite |= x->ops->split(FLASHC_DTYPE_FP16, D, fc_fwd_kvrow(a, &a->k, t, j0 + r),
+                                          NULL, 0, kc + (size_t)r * ldd,
+                                          kc + (size_t)r * ldd + ldd / 2);
         *ldk = ldd;
         *klo = kc + ldd / 2;
         return kc;
@@ -674,7 +677,8 @@ static const uint32_t *fc_fwd_v_pairs(const fc_fwd_ctx *x, fc_fwd_tile *t, int64
         const void *v1 = r + 1 < nk ? fc_fwd_kvrow(a, &a->v, t, j0 + r + 1) : NULL;
         size_t row = (size_t)(r / 2) * p->ldd;
         if (p->split)
-            t->nonfinite |= x->ops->split_fp16((int)a->head_dim_v, v0, v1, 1, v2 + row, lo + row);
+            t->nonfinite |= x->ops->split(FLASHC_DTYPE_FP16, (int)a->head_dim_v, v0, v1, 1,
+                                          v2 + row, lo + row);
         else
             x->ops->pack_pairs(FLASHC_DTYPE_BF16, (int)a->head_dim_v, v0, v1, v2 + row);
     }
@@ -923,8 +927,8 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
                                   fc_q_row(a, &a->q, t.b, fc_fwd_col_row(&t, c)) +
                                   fc_fwd_col_head(&t, c) * a->q.s_head;
             if (p->split && !t.rows) { /* hi, and lo Br rows on */
-                t.nonfinite |= ops->split_fp16(D, src, NULL, 0, (uint32_t *)dst,
-                                               (uint32_t *)dst + (size_t)p->Br * p->ldq2);
+                t.nonfinite |= ops->split(FLASHC_DTYPE_FP16, D, src, NULL, 0, (uint32_t *)dst,
+                                          (uint32_t *)dst + (size_t)p->Br * p->ldq2);
                 continue;
             }
             memcpy(dst, src, (size_t)D * sizeof(uint16_t));

@@ -95,7 +95,7 @@ typedef struct fc_simd_ops {
      * p2 + r * ldp holds the N values as pairs of keys (simd.h's pairs, an odd
      * N's last pair with a 0 high half); l sums the fp32 P. With p2lo (not
      * NULL) also P - bf16(P) as bf16 into p2lo, laid out as p2: P to about 16
-     * bits in two halves (split_fp16's). NULL where the forward's queries-down
+     * bits in two halves (split's). NULL where the forward's queries-down
      * layout is not used (fwd.c: the amx table only). */
     void (*softmax_rows_bf16)(int M, int N, const float *x, int ld, float xs, float *m, float *l,
                               float *alpha, uint32_t *p2, uint32_t *p2lo, int ldp);
@@ -121,17 +121,18 @@ typedef struct fc_simd_ops {
     void (*axpy_rows)(flashc_dtype dt, int nv, int Dv, const void *const *vrows, const float *p,
                       int ldp, int nq, float *o, int ldo);
 
-    /* ---- fp16 on bf16 dot products (optional; the amx forward's) ----
-     * An fp16 value x is hi + lo exactly: hi = bf16(x) to nearest even, lo = x -
-     * hi (fp16's 11 significant bits less hi's 8 leave at most 4; lo is 0 where
-     * x is not finite). Three bf16 products, hi hi' + hi lo' + lo hi', then give
+    /* ---- fp16 on bf16 dot products (optional; the amx path's) ----
+     * A value x of dtype dt (fp16 or fp32) as bf16 hi + lo: hi = bf16(x) to
+     * nearest even, lo = bf16(x - hi) (0 where x is not finite). For fp16 that
+     * is exact (its 11 significant bits less hi's 8 leave at most 4), for fp32
+     * about 16 bits. Three bf16 products, hi hi' + hi lo' + lo hi', then give
      * x x' to about 2^-16 of it, the lo lo' term left out. pairs 0: row r0's n
      * values as (n + 1) / 2 pairs along the row (an odd n's last high half 0);
      * pairs 1: rows r0 and r1 (NULL: zeros) interleaved as pack_pairs does.
      * Returns nonzero when some value is inf or NaN: its products would not be
      * hi hi' (inf x 0 is NaN), and the caller computes that part another way. */
-    int (*split_fp16)(int n, const uint16_t *r0, const uint16_t *r1, int pairs, uint32_t *hi,
-                      uint32_t *lo);
+    int (*split)(flashc_dtype dt, int n, const void *r0, const void *r1, int pairs, uint32_t *hi,
+                 uint32_t *lo);
 } fc_simd_ops;
 
 /* The active table (never NULL). */
@@ -157,6 +158,24 @@ const fc_simd_ops *fc_simd(void);
  * then reserve the amx tiles' workspace too, so that its size is the same on
  * every path. */
 int fc_simd_amx_possible(void);
+
+/* fp16 as bf16 hi + lo on AMX tiles (the split op): one rule for the forward
+ * and the backward, so that the backward recomputes the scores the forward
+ * made. A split problem (fp16, more than FC_SPLIT_MIN_SQ query rows, no
+ * dropout, on a CPU with AMX) reserves the split's workspace on every path and
+ * runs split on the amx table (fc_split_runs). Decode (FC_SPLIT_MIN_SQ rows
+ * or fewer) keeps its row ops, which read fp16 where it lies. */
+#define FC_SPLIT_MIN_SQ 8
+static inline int fc_split_problem(const fc_attn *a) {
+    return a->dtype == FLASHC_DTYPE_FP16 && a->max_seqlen_q > FC_SPLIT_MIN_SQ &&
+           a->dropout_p == 0.0f && fc_simd_amx_possible();
+}
+
+static inline int fc_split_runs(const fc_attn *a, const fc_simd_ops *ops) {
+    return fc_split_problem(a) && ops->level == FLASHC_SIMD_AMX && ops->split &&
+           ops->gemm_bf16_nn && ops->gemm_bf16_tn && ops->gemm_bf16_nt &&
+           ops->softmax_rows_bf16 && (flashc_cpu_features() & ops->bf16_cpu) == ops->bf16_cpu;
+}
 
 /* Tables of the paths; a path's table is NULL when the build lacks it. */
 extern const fc_simd_ops fc_simd_scalar_ops;

@@ -631,5 +631,5 @@ const fc_simd_ops fc_simd_avx2_ops = {
     0,                 NULL,              NULL,                 NULL, NULL, /* no bf16 dot products */
     NULL, /* no softmax_rows_bf16 (the amx forward's) */
     fc_avx2_dot_rows, NULL, fc_avx2_axpy_rows, /* (no bf16 dot products) */
-    NULL, /* no split_fp16 (the amx forward's) */
+    NULL, /* no split (the amx path's) */
 };

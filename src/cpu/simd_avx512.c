@@ -1177,10 +1177,8 @@ static void fc_amx_gemm_bf16_nt(int M, int N, int K2, const uint32_t *A, int lda
 #endif /* FLASHC_HAVE_AMX */
 
 #if defined(FLASHC_HAVE_AMX)
-/* 16 fp16 values as bf16 hi and lo (simd.h's split_fp16); the lanes that are
- * not finite */
-static inline __mmask16 fc_split16(__m256i h, __m256i *hi, __m256i *lo) {
-    __m512 x = _mm512_cvtph_ps(h);
+/* 16 values as bf16 hi and lo (simd.h's split); the lanes that are not finite */
+static inline __mmask16 fc_split16(__m512 x, __m256i *hi, __m256i *lo) {
     __m256i b = (__m256i)_mm512_cvtneps_pbh(x);
     __mmask16 finite = _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(__builtin_inff()),
                                           _CMP_LT_OQ);
@@ -1189,23 +1187,29 @@ static inline __mmask16 fc_split16(__m256i h, __m256i *hi, __m256i *lo) {
     return (__mmask16)~finite;
 }
 
-static int fc_avx512_split_fp16(int n, const uint16_t *r0, const uint16_t *r1, int pairs,
-                                uint32_t *hi, uint32_t *lo) {
+/* 16 elements of row r (fp16 or fp32) from i as fp32; lanes off in k are 0 */
+static inline __m512 fc_split_load(flashc_dtype dt, const void *r, int i, __mmask16 k) {
+    if (dt == FLASHC_DTYPE_FP32) return _mm512_maskz_loadu_ps(k, (const float *)r + i);
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, (const uint16_t *)r + i));
+}
+
+static int fc_avx512_split(flashc_dtype dt, int n, const void *r0, const void *r1, int pairs,
+                           uint32_t *hi, uint32_t *lo) {
     __mmask16 bad = 0; /* (masked-off lanes load 0: finite) */
     for (int i = 0; i < n; i += 16) {
         __mmask16 k = fc_mask(n - i);
         __m256i h0, l0, h1 = _mm256_setzero_si256(), l1 = _mm256_setzero_si256();
-        bad |= fc_split16(_mm256_maskz_loadu_epi16(k, r0 + i), &h0, &l0);
+        bad |= fc_split16(fc_split_load(dt, r0, i, k), &h0, &l0);
         if (!pairs) {
             _mm256_mask_storeu_epi16((uint16_t *)hi + i, k, h0);
             _mm256_mask_storeu_epi16((uint16_t *)lo + i, k, l0);
             continue;
         }
-        if (r1) bad |= fc_split16(_mm256_maskz_loadu_epi16(k, r1 + i), &h1, &l1);
-        _mm512_mask_storeu_epi32(hi + i, k,
-                                 fc_interleave16(_mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1)));
-        _mm512_mask_storeu_epi32(lo + i, k,
-                                 fc_interleave16(_mm512_inserti64x4(_mm512_castsi256_si512(l0), l1, 1)));
+        if (r1) bad |= fc_split16(fc_split_load(dt, r1, i, k), &h1, &l1);
+        __m512i wh = _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1);
+        __m512i wl = _mm512_inserti64x4(_mm512_castsi256_si512(l0), l1, 1);
+        _mm512_mask_storeu_epi32(hi + i, k, fc_interleave16(wh));
+        _mm512_mask_storeu_epi32(lo + i, k, fc_interleave16(wl));
     }
     if (!pairs && (n & 1)) {
         ((uint16_t *)hi)[n] = 0;
@@ -1217,13 +1221,13 @@ static int fc_avx512_split_fp16(int n, const uint16_t *r0, const uint16_t *r1, i
 
 /* The avx512 table, and the amx table: the same with the bf16 GEMMs on tiles. */
 #define FC_AVX512_TABLE(level, bf16_cpu, bf16_nn, bf16_tn, bf16_nt, softmax_rows_bf16,             \
-                        split_fp16)                                                                \
+                        split)                                                                     \
     {                                                                                              \
         level, fc_avx512_gemm_nn, fc_avx512_gemm_nt, fc_avx512_gemm_tn, fc_avx512_exp2_sum,        \
         fc_avx512_max, fc_avx512_scale, fc_avx512_load, fc_avx512_store, fc_avx512_score_mod,      \
         fc_avx512_softmax_cols, fc_avx512_dropout_cols, bf16_cpu, bf16_nn, bf16_tn, bf16_nt,       \
         fc_avx512_pack_pairs, softmax_rows_bf16, fc_avx512_dot_rows, fc_avx512_dot_rows_bf16,      \
-        fc_avx512_axpy_rows, split_fp16,                                                           \
+        fc_avx512_axpy_rows, split,                                                                \
     }
 
 const fc_simd_ops fc_simd_avx512_ops =
@@ -1233,5 +1237,5 @@ const fc_simd_ops fc_simd_avx512_ops =
 const fc_simd_ops fc_simd_amx_ops =
     FC_AVX512_TABLE(FLASHC_SIMD_AMX, FLASHC_CPU_AVX512BF16 | FLASHC_CPU_AMXBF16,
                     fc_amx_gemm_bf16_nn, fc_amx_gemm_bf16_tn, fc_amx_gemm_bf16_nt,
-                    fc_avx512_softmax_rows_bf16, fc_avx512_split_fp16);
+                    fc_avx512_softmax_rows_bf16, fc_avx512_split);
 #endif

@@ -132,5 +132,5 @@ const fc_simd_ops fc_simd_scalar_ops = {
     0,                NULL,                NULL,              NULL, NULL, /* no bf16 dot products */
     NULL, /* no softmax_rows_bf16 (the amx forward's) */
     NULL, NULL, NULL, /* no row ops (dot_rows, dot_rows_bf16, axpy_rows; fwd.c) */
-    NULL, /* no split_fp16 (the amx forward's) */
+    NULL, /* no split (the amx path's) */
 };
