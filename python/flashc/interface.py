@@ -188,7 +188,7 @@ def _mask_params(dropout_p, softmax_scale, causal, window_left, window_right, so
     unbounded (flash_attn's encoding), and the library's windowed flag is set unless
     both are."""
     return dict(dropout_p=dropout_p, softmax_scale=0.0 if softmax_scale is None else softmax_scale,
-                scale_given=int(softmax_scale is not None), causal=int(causal),
+                scale_given=int(softmax_scale is not None), causal=int(bool(causal)),
                 windowed=int(window_left >= 0 or window_right >= 0),
                 window_left=window_left, window_right=window_right, softcap=softcap)
 
@@ -360,7 +360,7 @@ def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse
                  dq=dq, dk=dk, dv=dv, alibi_slopes=alibi_slopes, sink=learnable_sink,
                  dsink=dsink)
     _run("flashc_bwd", args, q.device, dropout_seed=seed, dropout_offset=offset,
-         deterministic=int(deterministic),
+         deterministic=int(bool(deterministic)),
          **_mask_params(dropout_p, softmax_scale, causal, window_left, window_right, softcap))
 
 
@@ -381,7 +381,7 @@ def _varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                  max_seqlen_k=max_seqlen_k, alibi_slopes=alibi_slopes, sink=learnable_sink,
                  dsink=dsink)
     _run("flashc_varlen_bwd", args, q.device, dropout_seed=seed, dropout_offset=offset,
-         deterministic=int(deterministic),
+         deterministic=int(bool(deterministic)),
          **_mask_params(dropout_p, softmax_scale, causal, window_left, window_right, softcap))
 
 

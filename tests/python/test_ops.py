@@ -929,6 +929,17 @@ def test_direct_not_with_neg_view(device, direct_calls):
     assert direct_calls[interface._fwd] == calls
 
 
+def test_direct_truthy_causal(direct_calls):
+    """causal is taken by its truth value, as the op's schema (bool) and flash_attn take it:
+    0.5, 2 and -1 are causal, None and 0.0 are not, directly and prepared (the direct call
+    had passed int(causal): 0.5 ran without the mask, 2 was refused)."""
+    q, k, v = (rand(1, 7, 2, 16, seed=s) for s in (180, 181, 182))
+    for value in (0.5, 2, -1, None, 0.0):
+        want = flashc.flash_attn_func(q, k, v, causal=bool(value))
+        for _ in range(2):  # the whole way, then prepared
+            assert torch.equal(flashc.flash_attn_func(q, k, v, causal=value), want), value
+
+
 def test_direct_not_with_autograd(direct_calls):
     """Inputs that require grad under grad mode go through the op and its registered
     autograd (the gradients are checked against the reference in test_flashc.py); under
