@@ -602,7 +602,8 @@ static void fc_bwd_probs(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const fc_
     if (a->softcap > 0.0f) {
         /* x = softcap log2(e) tanh(s / softcap), then 1 - tanh^2 from x */
         fc_score_mod cap = {c->sc.cap_log2, 0.0f, 0, -1, 1, -1, -1};
-        for (int r = 0; r < br; r++) ops->scale(bc, s->p + (size_t)r * ld, c->sc.qk_tanh);
+        if (!c->pl.pairs) /* (the pairs' GEMM applied it) */
+            for (int r = 0; r < br; r++) ops->scale(bc, s->p + (size_t)r * ld, c->sc.qk_tanh);
         ops->score_mod(br, bc, s->p, ld, &cap);
         float inv = 1.0f / c->sc.cap_log2;
         for (int r = 0; r < br; r++) {
@@ -610,7 +611,7 @@ static void fc_bwd_probs(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const fc_
             float *dt = s->dtanh + (size_t)r * ld;
             for (int col = 0; col < bc; col++) dt[col] = 1.0f - (x[col] * inv) * (x[col] * inv);
         }
-    } else {
+    } else if (!c->pl.pairs) {
         for (int r = 0; r < br; r++) ops->scale(bc, s->p + (size_t)r * ld, c->sc.qk_log2);
     }
     if (mod.slope != 0.0f || t->kind == FC_TILE_EDGE) ops->score_mod(br, bc, s->p, ld, &mod);
@@ -665,18 +666,8 @@ static void fc_bwd_dscores(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const f
             memset(p, 0, (size_t)t->bc * sizeof(float));
             continue;
         }
-        const float *dp = s->dp + (size_t)r * ld;
-        float delta = s->delta[r];
-        if (dropout) {
-            const float *zr = s->drop + (size_t)r * ld;
-            for (int col = 0; col < t->bc; col++) p[col] *= dp[col] * zr[col] - delta;
-        } else {
-            for (int col = 0; col < t->bc; col++) p[col] *= dp[col] - delta;
-        }
-        if (cap) {
-            const float *dt = s->dtanh + (size_t)r * ld;
-            for (int col = 0; col < t->bc; col++) p[col] *= dt[col];
-        }
+        c->ops->ds_row(t->bc, p, s->dp + (size_t)r * ld, dropout ? s->drop + (size_t)r * ld : NULL,
+                       cap ? s->dtanh + (size_t)r * ld : NULL, s->delta[r]);
     }
 }
 
@@ -782,12 +773,13 @@ static void fc_bwd_pairs_of_keys(const fc_bwd_ctx *c, const float *x, int br, in
 
 /* C (by query sub-block, ld Bc) = rows of A against key rows of B over the keys
  * each sub-block sees, zero elsewhere: S = Qi Kj^T (n = D) or dP = dOi Vj^T
- * (n = Dv). a, b: fp32 rows (ld n); a2, b2: pairs along n (plan.pairs); a2lo,
- * b2lo: their lo halves (plan.split). */
+ * (n = Dv). a, b: fp32 rows (ld n); a2, b2: pairs along n (plan.pairs), whose
+ * GEMMs multiply C by scale (fp32 rows: the caller does); a2lo, b2lo: their lo
+ * halves (plan.split). */
 static void fc_bwd_rows_by_keys(const fc_bwd_ctx *c, const fc_bwd_blocks *bl, int bc, int n,
                                 const float *a, const float *b, const uint32_t *a2,
                                 const uint32_t *b2, const uint32_t *a2lo, const uint32_t *b2lo,
-                                float *C) {
+                                float scale, float *C) {
     int ld = c->pl.bc, n2 = (n + 1) / 2;
     for (int g = 0; g < bl->nq; g++) {
         const fc_bwd_block *q = &bl->q[g];
@@ -796,10 +788,10 @@ static void fc_bwd_rows_by_keys(const fc_bwd_ctx *c, const fc_bwd_blocks *bl, in
             int m = q->r1 - q->r0, nc = q->c1 - q->c0;
             size_t ao = (size_t)q->r0 * n2, bo = (size_t)q->c0 * n2;
             if (c->pl.pairs)
-                c->ops->gemm_bf16_nt(m, nc, n2, a2 + ao, n2, b2 + bo, n2, cq, ld, 1.0f, 0);
+                c->ops->gemm_bf16_nt(m, nc, n2, a2 + ao, n2, b2 + bo, n2, cq, ld, scale, 0);
             if (c->pl.split) { /* hi lo' + lo hi' */
-                c->ops->gemm_bf16_nt(m, nc, n2, a2 + ao, n2, b2lo + bo, n2, cq, ld, 1.0f, 1);
-                c->ops->gemm_bf16_nt(m, nc, n2, a2lo + ao, n2, b2 + bo, n2, cq, ld, 1.0f, 1);
+                c->ops->gemm_bf16_nt(m, nc, n2, a2 + ao, n2, b2lo + bo, n2, cq, ld, scale, 1);
+                c->ops->gemm_bf16_nt(m, nc, n2, a2lo + ao, n2, b2 + bo, n2, cq, ld, scale, 1);
             }
             if (!c->pl.pairs)
                 c->ops->gemm_nt(q->r1 - q->r0, q->c1 - q->c0, n, a + (size_t)q->r0 * n, n,
@@ -871,7 +863,9 @@ static void fc_bwd_tile_run(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const 
     bool pairs = c->pl.pairs;
     fc_bwd_blocks bl;
     fc_bwd_blocks_make(c->a, t, &bl);
-    fc_bwd_rows_by_keys(c, &bl, bc, d, x->q, s->k, x->q2d, s->k2d, x->q2d_lo, s->k2d_lo, s->p);
+    /* S times the score's factor (fc_bwd_probs applies it to fp32 rows) */
+    float qk = c->a->softcap > 0.0f ? c->sc.qk_tanh : c->sc.qk_log2;
+    fc_bwd_rows_by_keys(c, &bl, bc, d, x->q, s->k, x->q2d, s->k2d, x->q2d_lo, s->k2d_lo, qk, s->p);
     fc_bwd_probs(c, s, t);
     if (dv) {
         const float *pz = s->p;
@@ -888,7 +882,7 @@ static void fc_bwd_tile_run(const fc_bwd_ctx *c, const fc_bwd_scratch *s, const 
                             dv);
     }
     fc_bwd_rows_by_keys(c, &bl, bc, dvd, x->dout, s->v, x->do2d, s->v2d, x->do2d_lo, s->v2d_lo,
-                        s->dp);
+                        1.0f, s->dp);
     fc_bwd_dscores(c, s, t);
     if (dk) {
         if (pairs) fc_bwd_pairs_of_rows(c, s->p, br, bc, s->ps2r, s->ps2r_lo);

@@ -133,6 +133,11 @@ typedef struct fc_simd_ops {
      * hi hi' (inf x 0 is NaN), and the caller computes that part another way. */
     int (*split)(flashc_dtype dt, int n, const void *r0, const void *r1, int pairs, uint32_t *hi,
                  uint32_t *lo);
+
+    /* ---- the backward's dS (bwd.c:fc_bwd_dscores) ----
+     * Along a row of n: p[i] = p[i] (dp[i] z[i] - delta) t[i], with z (dropout's
+     * multipliers) and t (softcap's 1 - tanh^2) left out where NULL. */
+    void (*ds_row)(int n, float *p, const float *dp, const float *z, const float *t, float delta);
 } fc_simd_ops;
 
 /* The active table (never NULL). */

@@ -336,6 +336,23 @@ static void fc_avx2_scale(int n, float *x, float s) {
     for (; i < n; i++) x[i] *= s;
 }
 
+static void fc_avx2_ds_row(int n, float *p, const float *dp, const float *z, const float *t,
+                           float delta) {
+    __m256 vd = _mm256_set1_ps(delta);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 d = _mm256_loadu_ps(dp + i);
+        if (z) d = _mm256_mul_ps(d, _mm256_loadu_ps(z + i));
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(p + i), _mm256_sub_ps(d, vd));
+        if (t) v = _mm256_mul_ps(v, _mm256_loadu_ps(t + i));
+        _mm256_storeu_ps(p + i, v);
+    }
+    for (; i < n; i++) {
+        float v = p[i] * ((z ? dp[i] * z[i] : dp[i]) - delta);
+        p[i] = t ? v * t[i] : v;
+    }
+}
+
 static inline __m256 fc_load16(flashc_dtype dt, const uint16_t *p) {
     __m128i h = _mm_loadu_si128((const __m128i *)p);
     return dt == FLASHC_DTYPE_FP16
@@ -632,4 +649,5 @@ const fc_simd_ops fc_simd_avx2_ops = {
     NULL, /* no softmax_rows_bf16 (the amx forward's) */
     fc_avx2_dot_rows, NULL, fc_avx2_axpy_rows, /* (no bf16 dot products) */
     NULL, /* no split (the amx path's) */
+    fc_avx2_ds_row,
 };

@@ -319,6 +319,19 @@ static void fc_avx512_store(flashc_dtype dt, int n, const float *src, void *dst,
     }
 }
 
+static void fc_avx512_ds_row(int n, float *p, const float *dp, const float *z, const float *t,
+                             float delta) {
+    __m512 vd = _mm512_set1_ps(delta);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = fc_mask(n - i);
+        __m512 d = _mm512_maskz_loadu_ps(k, dp + i);
+        if (z) d = _mm512_mul_ps(d, _mm512_maskz_loadu_ps(k, z + i));
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, p + i), _mm512_sub_ps(d, vd));
+        if (t) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(k, t + i));
+        _mm512_mask_storeu_ps(p + i, k, v);
+    }
+}
+
 /* ---- score blocks ---- */
 static void fc_avx512_score_mod(int M, int N, float *x, int ld, const fc_score_mod *mod) {
     const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -1227,7 +1240,7 @@ static int fc_avx512_split(flashc_dtype dt, int n, const void *r0, const void *r
         fc_avx512_max, fc_avx512_scale, fc_avx512_load, fc_avx512_store, fc_avx512_score_mod,      \
         fc_avx512_softmax_cols, fc_avx512_dropout_cols, bf16_cpu, bf16_nn, bf16_tn, bf16_nt,       \
         fc_avx512_pack_pairs, softmax_rows_bf16, fc_avx512_dot_rows, fc_avx512_dot_rows_bf16,      \
-        fc_avx512_axpy_rows, split,                                                                \
+        fc_avx512_axpy_rows, split, fc_avx512_ds_row,                                              \
     }
 
 const fc_simd_ops fc_simd_avx512_ops =

@@ -69,6 +69,14 @@ static void fc_scalar_scale(int n, float *x, float s) {
     for (int i = 0; i < n; i++) x[i] *= s;
 }
 
+static void fc_scalar_ds_row(int n, float *p, const float *dp, const float *z, const float *t,
+                             float delta) {
+    for (int i = 0; i < n; i++) {
+        float v = p[i] * ((z ? dp[i] * z[i] : dp[i]) - delta);
+        p[i] = t ? v * t[i] : v;
+    }
+}
+
 static void fc_scalar_load(flashc_dtype dt, int n, const void *src, float *dst, float mul) {
     for (int i = 0; i < n; i++) dst[i] = mul * fc_load(dt, src, i);
 }
@@ -133,4 +141,5 @@ const fc_simd_ops fc_simd_scalar_ops = {
     NULL, /* no softmax_rows_bf16 (the amx forward's) */
     NULL, NULL, NULL, /* no row ops (dot_rows, dot_rows_bf16, axpy_rows; fwd.c) */
     NULL, /* no split (the amx path's) */
+    fc_scalar_ds_row,
 };
