@@ -761,13 +761,10 @@ static void fc_bwd_pairs_of_keys(const fc_bwd_ctx *c, const float *x, int br, in
                                  uint32_t *dst, uint32_t *lo) {
     size_t ld = (size_t)c->pl.bc, ld2 = (ld + 1) / 2;
     for (int r = 0; r < br; r++) {
-        if (lo) {
+        if (lo)
             c->ops->split(FLASHC_DTYPE_FP32, bc, x + r * ld, NULL, 0, dst + r * ld2, lo + r * ld2);
-            continue;
-        }
-        uint16_t *row = (uint16_t *)(dst + r * ld2);
-        c->ops->store(FLASHC_DTYPE_BF16, bc, x + r * ld, row, 1.0f);
-        if (bc & 1) row[bc] = 0;
+        else
+            c->ops->row_pairs(bc, x + r * ld, (uint16_t *)(dst + r * ld2));
     }
 }
 

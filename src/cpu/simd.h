@@ -138,6 +138,10 @@ typedef struct fc_simd_ops {
      * Along a row of n: p[i] = p[i] (dp[i] z[i] - delta) t[i], with z (dropout's
      * multipliers) and t (softcap's 1 - tanh^2) left out where NULL. */
     void (*ds_row)(int n, float *p, const float *dp, const float *z, const float *t, float delta);
+    /* One fp32 row of n as (n + 1) / 2 bf16 pairs along it (dst[i] = bf16(x[i]),
+     * pack_pairs' rounding; an odd n's dst[n] = 0): the backward's dS in pairs of
+     * keys. Present, and usable, where the bf16 dot products are. */
+    void (*row_pairs)(int n, const float *x, uint16_t *dst);
 } fc_simd_ops;
 
 /* The active table (never NULL). */

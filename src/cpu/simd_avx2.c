@@ -650,4 +650,5 @@ const fc_simd_ops fc_simd_avx2_ops = {
     fc_avx2_dot_rows, NULL, fc_avx2_axpy_rows, /* (no bf16 dot products) */
     NULL, /* no split (the amx path's) */
     fc_avx2_ds_row,
+    NULL, /* no row_pairs (no bf16 dot products) */
 };

@@ -707,6 +707,15 @@ static void fc_avx512_pack_pairs(flashc_dtype dt, int n, const void *r0, const v
     }
 }
 
+static void fc_avx512_row_pairs(int n, const float *x, uint16_t *dst) {
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = fc_mask(n - i);
+        _mm256_mask_storeu_epi16(dst + i, k,
+                                 (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(k, x + i)));
+    }
+    if (n & 1) dst[n] = 0;
+}
+
 /* ---- decode's scores: rows of K against at most 8 rows of Q ---- */
 /* 16 elements of row p (dtype dt) from element d as fp32; lanes off in m are 0. */
 static inline __m512 fc_widen16(flashc_dtype dt, const void *p, int d, __mmask16 m) {
@@ -1240,7 +1249,7 @@ static int fc_avx512_split(flashc_dtype dt, int n, const void *r0, const void *r
         fc_avx512_max, fc_avx512_scale, fc_avx512_load, fc_avx512_store, fc_avx512_score_mod,      \
         fc_avx512_softmax_cols, fc_avx512_dropout_cols, bf16_cpu, bf16_nn, bf16_tn, bf16_nt,       \
         fc_avx512_pack_pairs, softmax_rows_bf16, fc_avx512_dot_rows, fc_avx512_dot_rows_bf16,      \
-        fc_avx512_axpy_rows, split, fc_avx512_ds_row,                                              \
+        fc_avx512_axpy_rows, split, fc_avx512_ds_row, fc_avx512_row_pairs,                         \
     }
 
 const fc_simd_ops fc_simd_avx512_ops =

@@ -142,4 +142,5 @@ const fc_simd_ops fc_simd_scalar_ops = {
     NULL, NULL, NULL, /* no row ops (dot_rows, dot_rows_bf16, axpy_rows; fwd.c) */
     NULL, /* no split (the amx path's) */
     fc_scalar_ds_row,
+    NULL, /* no row_pairs (no bf16 dot products) */
 };
