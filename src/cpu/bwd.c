@@ -785,12 +785,10 @@ static void fc_bwd_rows_by_keys(const fc_bwd_ctx *c, const fc_bwd_blocks *bl, in
             int m = q->r1 - q->r0, nc = q->c1 - q->c0;
             size_t ao = (size_t)q->r0 * n2, bo = (size_t)q->c0 * n2;
             if (c->pl.pairs)
-                c->ops->gemm_bf16_nt(m, nc, n2, a2 + ao, n2, b2 + bo, n2, cq, ld, scale, 0);
-            if (c->pl.split) { /* hi lo' + lo hi' */
-                c->ops->gemm_bf16_nt(m, nc, n2, a2 + ao, n2, b2lo + bo, n2, cq, ld, scale, 1);
-                c->ops->gemm_bf16_nt(m, nc, n2, a2lo + ao, n2, b2 + bo, n2, cq, ld, scale, 1);
-            }
-            if (!c->pl.pairs)
+                fc_gemm_bf16_split(c->ops->gemm_bf16_nt, m, nc, n2, a2 + ao,
+                                   c->pl.split ? a2lo + ao : NULL, n2, b2 + bo,
+                                   c->pl.split ? b2lo + bo : NULL, n2, cq, ld, scale, 0);
+            else
                 c->ops->gemm_nt(q->r1 - q->r0, q->c1 - q->c0, n, a + (size_t)q->r0 * n, n,
                                 b + (size_t)q->c0 * n, n, cq, ld, 0);
         }
@@ -815,12 +813,10 @@ static void fc_bwd_keys_by_rows(const fc_bwd_ctx *c, const fc_bwd_blocks *bl, in
         size_t xo = (size_t)(k->r0 / 2) * ld + k->c0, ro = (size_t)(k->r0 / 2) * n;
         int k2 = (rows + 1) / 2;
         if (c->pl.pairs)
-            c->ops->gemm_bf16_tn(m, n, k2, x2 + xo, ld, r2 + ro, n, dk, n, 1.0f, 1);
-        if (c->pl.split) {
-            c->ops->gemm_bf16_tn(m, n, k2, x2 + xo, ld, r2lo + ro, n, dk, n, 1.0f, 1);
-            c->ops->gemm_bf16_tn(m, n, k2, x2lo + xo, ld, r2 + ro, n, dk, n, 1.0f, 1);
-        }
-        if (!c->pl.pairs)
+            fc_gemm_bf16_split(c->ops->gemm_bf16_tn, m, n, k2, x2 + xo,
+                               c->pl.split ? x2lo + xo : NULL, ld, r2 + ro,
+                               c->pl.split ? r2lo + ro : NULL, n, dk, n, 1.0f, 1);
+        else
             c->ops->gemm_tn(m, n, rows, x + (size_t)k->r0 * ld + k->c0, ld,
                             r + (size_t)k->r0 * n, n, dk, n, 1);
     }
@@ -838,12 +834,10 @@ static void fc_bwd_dq_by_keys(const fc_bwd_ctx *c, const fc_bwd_scratch *s,
         int m = q->r1 - q->r0, k2 = (nc + 1) / 2;
         size_t ao = (size_t)q->r0 * ld2 + q->c0 / 2, bo = (size_t)(q->c0 / 2) * d;
         if (c->pl.pairs)
-            c->ops->gemm_bf16_nn(m, d, k2, s->ds2k + ao, ld2, s->k2r + bo, d, dqq, d, 1.0f, 1);
-        if (c->pl.split) {
-            c->ops->gemm_bf16_nn(m, d, k2, s->ds2k + ao, ld2, s->k2r_lo + bo, d, dqq, d, 1.0f, 1);
-            c->ops->gemm_bf16_nn(m, d, k2, s->ds2k_lo + ao, ld2, s->k2r + bo, d, dqq, d, 1.0f, 1);
-        }
-        if (!c->pl.pairs)
+            fc_gemm_bf16_split(c->ops->gemm_bf16_nn, m, d, k2, s->ds2k + ao,
+                               c->pl.split ? s->ds2k_lo + ao : NULL, ld2, s->k2r + bo,
+                               c->pl.split ? s->k2r_lo + bo : NULL, d, dqq, d, 1.0f, 1);
+        else
             c->ops->gemm_nn(q->r1 - q->r0, d, nc, s->p + (size_t)q->r0 * ld + q->c0, ld,
                             s->k + (size_t)q->c0 * d, d, dqq, d, 1);
     }

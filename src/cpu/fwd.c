@@ -585,15 +585,9 @@ static float *fc_fwd_qdown_scores(const fc_fwd_ctx *x, const fc_fwd_tile *t, int
     float *st = t->st + (size_t)r0 * p->lds + ka, scale = plain ? 1.0f : x->qmul;
     const int K2 = (int)(a->head_dim + 1) / 2;
     const uint32_t *qh = (const uint32_t *)t->qt + (size_t)r0 * p->ldq2;
-    x->ops->gemm_bf16_nt(rn, kb - ka, K2, qh, p->ldq2, k2 + (size_t)ka * ldk, ldk, st, p->lds,
-                         scale, 0);
-    if (klo) {
-        const uint32_t *ql = qh + (size_t)p->Br * p->ldq2;
-        x->ops->gemm_bf16_nt(rn, kb - ka, K2, qh, p->ldq2, klo + (size_t)ka * ldk, ldk, st,
-                             p->lds, scale, 1);
-        x->ops->gemm_bf16_nt(rn, kb - ka, K2, ql, p->ldq2, k2 + (size_t)ka * ldk, ldk, st,
-                             p->lds, scale, 1);
-    }
+    fc_gemm_bf16_split(x->ops->gemm_bf16_nt, rn, kb - ka, K2, qh,
+                       klo ? qh + (size_t)p->Br * p->ldq2 : NULL, p->ldq2, k2 + (size_t)ka * ldk,
+                       klo ? klo + (size_t)ka * ldk : NULL, ldk, st, p->lds, scale, 0);
     fc_score_mod mod = {
         .cap = x->sc.cap_log2,
         /* element (r, c) of a head's rows: query i0 + r0 + r, key j0 + ka + c */
@@ -830,12 +824,9 @@ static void fc_fwd_qdown_block(const fc_fwd_ctx *x, fc_fwd_tile *t, int64_t j0, 
             if (t->alpha[c] != 1.0f) ops->scale(Dv, t->o + (size_t)c * p->ldd, t->alpha[c]);
         const int K2 = (kb - ka + 1) / 2;
         const size_t vrow = (size_t)(ka / 2) * p->ldd;
-        float *o = t->o + (size_t)r0 * p->ldd;
-        ops->gemm_bf16_nn(rn, Dv, K2, p2, p->ldp2, v2 + vrow, p->ldd, o, p->ldd, 1.0f, 1);
-        if (p2lo) {
-            ops->gemm_bf16_nn(rn, Dv, K2, p2, p->ldp2, vlo + vrow, p->ldd, o, p->ldd, 1.0f, 1);
-            ops->gemm_bf16_nn(rn, Dv, K2, p2lo, p->ldp2, v2 + vrow, p->ldd, o, p->ldd, 1.0f, 1);
-        }
+        fc_gemm_bf16_split(ops->gemm_bf16_nn, rn, Dv, K2, p2, p2lo, p->ldp2, v2 + vrow,
+                           vlo ? vlo + vrow : NULL, p->ldd, t->o + (size_t)r0 * p->ldd, p->ldd,
+                           1.0f, 1);
     }
 }
 
@@ -926,7 +917,7 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
             const uint16_t *src = (const uint16_t *)a->q.ptr +
                                   fc_q_row(a, &a->q, t.b, fc_fwd_col_row(&t, c)) +
                                   fc_fwd_col_head(&t, c) * a->q.s_head;
-            if (p->split && !t.rows) { /* hi, and lo Br rows on */
+            if (p->split) { /* hi, and lo Br rows on (a split plan has no row tiles) */
                 t.nonfinite |= ops->split(FLASHC_DTYPE_FP16, D, src, NULL, 0, (uint32_t *)dst,
                                           (uint32_t *)dst + (size_t)p->Br * p->ldq2);
                 continue;

@@ -175,6 +175,24 @@ int fc_simd_amx_possible(void);
  * runs split on the amx table (fc_split_runs). Decode (FC_SPLIT_MIN_SQ rows
  * or fewer) keeps its row ops, which read fp16 where it lies. */
 #define FC_SPLIT_MIN_SQ 8
+
+/* A bf16 GEMM of the table (gemm_bf16_nn, _tn or _nt) */
+typedef void (*fc_gemm_bf16_fn)(int M, int N, int K2, const uint32_t *A, int lda,
+                                const uint32_t *B, int ldb, float *C, int ldc, float scale,
+                                int acc);
+
+/* gemm(A, B) with C as it says; where alo is given (with blo: the split's lo
+ * halves, laid out as A and B) two more products added, A blo and alo B. */
+static inline void fc_gemm_bf16_split(fc_gemm_bf16_fn gemm, int M, int N, int K2,
+                                      const uint32_t *A, const uint32_t *alo, int lda,
+                                      const uint32_t *B, const uint32_t *blo, int ldb, float *C,
+                                      int ldc, float scale, int acc) {
+    gemm(M, N, K2, A, lda, B, ldb, C, ldc, scale, acc);
+    if (alo) {
+        gemm(M, N, K2, A, lda, blo, ldb, C, ldc, scale, 1);
+        gemm(M, N, K2, alo, lda, B, ldb, C, ldc, scale, 1);
+    }
+}
 static inline int fc_split_problem(const fc_attn *a) {
     return a->dtype == FLASHC_DTYPE_FP16 && a->max_seqlen_q > FC_SPLIT_MIN_SQ &&
            a->dropout_p == 0.0f && fc_simd_amx_possible();
