@@ -106,8 +106,9 @@ def _direct(args):
     every tensor argument is a plain torch.Tensor (no subclass: FakeTensor,
     FunctionalTensor, DTensor, nn.Parameter) on the CPU or a CUDA device (the op answers
     meta tensors with its fake) and without a lazy negation (torch._neg_view: the
-    dispatcher makes it real, its memory holds -x), and autograd records nothing (grad mode off, or no input
-    requires grad). Otherwise the registered op runs, which all of those need."""
+    dispatcher makes it real, its memory holds -x), and autograd records nothing (grad
+    mode off, or no input requires grad). Otherwise the registered op runs, which all of
+    those need."""
     if (torch.compiler.is_compiling() or _C._len_torch_dispatch_stack() or
             _C._is_torch_function_mode_enabled() or _C._get_tracing_state() is not None or
             _C._functorch.peek_interpreter_stack() is not None):
