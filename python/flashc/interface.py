@@ -58,9 +58,11 @@ backward's gradients are 0, and outputs with no elements are returned as they ar
 new keys to append, still goes to the library, which raises FlashcArgumentError
 (e.g. "k_cache.data is NULL").
 """
+import ctypes
 import inspect
 import math
 import numbers
+import threading
 from typing import Optional, Tuple
 
 import torch
@@ -136,6 +138,7 @@ def _call(op, args):
     fn, mutated = impl
     for i in mutated:
         torch.autograd.graph.increment_version(args[i])
+    _built.last = None
     return fn(*args)
 
 
@@ -170,8 +173,17 @@ def _fill(struct, **fields):
 
 def _run(entry, args, device, rename=None, **fields):
     """Call `entry` with flashc_params_default() + fields, on device's CUDA device (made
-    current for the call where another one is)."""
-    _on_device(device, _lib.call, entry, args, _lib.params(device, **fields), device, rename)
+    current for the call where another one is). The args struct and params are left in
+    _built.last for _Recipe.record (this thread's latest call)."""
+    params = _lib.params(device, **fields)
+    _built.last = (entry, args, params)
+    _on_device(device, _lib.call, entry, args, params, device, rename)
+
+
+# The args struct and params of this thread's latest library call through _run (a direct
+# call empties it first): a prepared call's recording takes them as they are instead of
+# filling another struct and params (~5 us of a call whose signature is new).
+_built = threading.local()
 
 
 def _on_device(device, fn, *args):
@@ -662,8 +674,7 @@ def _attn(fn, packing, a, b, c, varlen, dropout_p, softmax_scale, causal, window
         if return_attn_probs:
             written = _probs_written(a.device, dropout_p, True)
             outputs += (("softmax_lse", lse), ("attn_probs" if written else None, probs))
-        _FWD_PREPARED.record(key, tensors, outputs, _lib.params(
-            a.device, **_mask_params(dropout_p, softmax_scale, causal, *window_size, softcap)))
+        _FWD_PREPARED.record(key, tensors, outputs)
     return (out, lse, probs) if return_attn_probs else out
 
 
@@ -779,12 +790,14 @@ _SCALARS = (int, float, bool, type(None))
 
 class _Recipe:
     """One public function's prepared calls: its op, the C entry point and its args
-    struct, the struct's names of the tensors the function passes (in that order), the
-    map of C names in an error message to the function's, and the positions of the
+    struct, the struct's names of the tensors the function passes (in that order) and of
+    the outputs the op describes, the map of C names in an error message to the function's, and the positions of the
     tensors the op mutates (whose version counters a call moves, as _call does)."""
 
-    def __init__(self, op, entry, struct, fields, rename=None):
+    def __init__(self, op, entry, struct, fields, outputs, rename=None):
         self.op, self.entry, self.struct, self.fields = op, entry, struct, fields
+        self.outputs = tuple((name, getattr(struct, name).offset, getattr(struct, name).size)
+                             for name in outputs)
         self.rename = rename
         self.ready = op in _IMPLS
         mutated = ()
@@ -845,17 +858,30 @@ class _Recipe:
         _on_device(device, _lib.call, self.entry, args, params, device, self.rename)
         return made
 
-    def record(self, key, tensors, outputs, params):
-        """Record the call that went the whole way under `key`: its tensors, outputs
-        ((field or None, tensor): those the library writes, and those it does not, which
-        a prepared call makes all the same) and params."""
+    def record(self, key, tensors, outputs):
+        """Record the call that just went the whole way under `key`: its tensors,
+        outputs ((field or None, tensor): those the library writes, and those it does
+        not, which a prepared call makes all the same), and the args struct and params
+        its library call was given (_built.last; a signature's call passes the tensors
+        themselves, with no copy on the way). Nothing is recorded when that call made no
+        library call of this entry point."""
+        built = getattr(_built, "last", None)
+        _built.last = None
+        if built is None or built[0] != self.entry:
+            return
         fields = [(name, i) for i, (name, t) in enumerate(zip(self.fields, tensors))
                   if t is not None]
-        template = _fill(self.struct, **{name: tensors[i] for name, i in fields},
-                         **{name: t for name, t in outputs if name is not None})
+        # the tensors a prepared call sets: its inputs, and the outputs it makes that the
+        # library writes; any other the op described (softmax_lse when it is not
+        # returned) is left absent, so the library does not write it
+        template = self.struct.from_buffer_copy(built[1])
+        kept = [name for name, _ in outputs]
+        for name, offset, size in self.outputs:
+            if name not in kept:
+                ctypes.memset(ctypes.addressof(template) + offset, 0, size)
         if len(_prepared) >= _PREPARED_MAX:
             _prepared.clear()
-        _prepared[key] = (template, params, fields,
+        _prepared[key] = (template, built[2], fields,
                           tuple((name, tuple(t.shape), t.dtype) for name, t in outputs))
 
 
@@ -877,11 +903,13 @@ def _options_key(options):
 
 
 _FWD_PREPARED = _Recipe(_fwd, "flashc_fwd", _lib.FwdArgs,
-                        ("q", "k", "v", "alibi_slopes", "sink"))
+                        ("q", "k", "v", "alibi_slopes", "sink"),
+                        ("out", "softmax_lse", "attn_probs"))
 _KV_PREPARED = _Recipe(_fwd_kvcache, "flashc_fwd_kvcache", _lib.KvcacheArgs,
                        ("q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos",
                         "rotary_sin", "cache_seqlens", "cache_batch_idx", "cache_leftpad",
-                        "block_table", "alibi_slopes", "sink"), _KV_RENAME)
+                        "block_table", "alibi_slopes", "sink"), ("out", "softmax_lse"),
+                        _KV_RENAME)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
@@ -934,7 +962,5 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if key is not None and q.numel() and k_cache.numel() and v_cache.numel():
         outputs = (("out", out), ("softmax_lse", lse)) if return_softmax_lse else \
             (("out", out),)
-        _KV_PREPARED.record(key, tensors, outputs, _lib.params(
-            q.device, **_kv_fields(softmax_scale, causal, window_left, window_right, softcap,
-                                   rotary_interleaved, num_splits)))
+        _KV_PREPARED.record(key, tensors, outputs)
     return (out, lse) if return_softmax_lse else out

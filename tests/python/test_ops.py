@@ -715,6 +715,85 @@ def test_func_not_prepared(device, direct_calls, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_prepared_passes_what_is_returned(device, direct_calls, monkeypatch):
+    """A prepared call gives the library the tensors it passes and the outputs it returns,
+    nothing else: the recording takes the struct the op's own call filled (_built), where
+    softmax_lse was set though the caller did not ask for it, and drops it. So a prepared
+    flash_attn_func (or KV-cache call) without lse hands the library no lse at all (a
+    stale one would be the first call's tensor, freed since), one with lse the tensor it
+    returns."""
+    seen = []
+    real = interface._lib.call
+
+    def spy(entry, args, params, device, rename=None):
+        seen.append((args.out.data, args.softmax_lse.data or 0, args.softmax_lse.ndim))
+        return real(entry, args, params, device, rename)
+
+    monkeypatch.setattr(interface._lib, "call", spy)
+    dtype = func_dtype("other", device)
+    for lse in (False, True):
+        seen.clear()
+        for seed in (900, 901, 902):
+            (q, k, v), _ = func_inputs(seed, device, dtype, d=16)
+            got = as_tuple(flashc.flash_attn_func(q, k, v, return_attn_probs=lse))
+            out, lse_data, lse_ndim = seen[-1]
+            assert out == got[0].data_ptr()
+            if seed == 900:  # the whole way: the op fills lse, returned or not
+                assert lse_data != 0 and lse_ndim == 3
+            else:
+                assert (lse_data, lse_ndim) == ((got[1].data_ptr(), 3) if lse else (0, 0)), seed
+        args = kv_args(903, [3, 6])
+        for n in range(3):
+            got = as_tuple(flashc.flash_attn_with_kvcache(**dict(
+                args, k_cache=args["k_cache"].clone(), v_cache=args["v_cache"].clone()),
+                return_softmax_lse=lse))
+            out, lse_data, lse_ndim = seen[-1]
+            assert out == got[0].data_ptr()
+            if n:  # prepared (lse (2, 4, 2) when returned)
+                assert (lse_data, lse_ndim) == ((got[1].data_ptr(), 3) if lse else (0, 0)), n
+    assert direct_calls[interface._fwd] == 2 and direct_calls[interface._fwd_kvcache] == 2
+
+
+def test_prepared_in_threads(direct_calls, monkeypatch):
+    """Two threads whose first calls (of two signatures) are inside the library at the
+    same time, each having filled its struct before the other records: each records its
+    own call (_built is per thread), and every later, prepared, call gives the op's
+    result bit for bit."""
+    import threading
+    together = threading.Barrier(2, timeout=30)
+    first = threading.local()
+    real = interface._lib.call
+
+    def meet(entry, args, params, device, rename=None):
+        if not getattr(first, "met", False):
+            first.met = True
+            together.wait()
+        return real(entry, args, params, device, rename)
+
+    monkeypatch.setattr(interface._lib, "call", meet)
+    errors = []
+
+    def worker(d):
+        try:
+            for seed in range(6):
+                (q, k, v), _ = func_inputs(1000 + seed, "cpu", torch.float32, d=d)
+                got = flashc.flash_attn_func(q, k, v)
+                want = interface._fwd(q, k, v, None, 0.0, None, False, -1, -1, 0.0, False,
+                                      0, 0)[0]  # the op, through torch's dispatcher
+                assert torch.equal(got, want), (d, seed)
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(d,)) for d in (16, 24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(interface._prepared) == 2 and direct_calls[interface._fwd] == 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_func_prepared_not_with_autograd(device, direct_calls, monkeypatch):
     """Once plain tensors of these shapes are prepared, q (or an fp32 learnable sink)
     that requires grad under grad mode still goes through the op and its autograd: the
