@@ -401,7 +401,7 @@ FC_TEST(api_simd) {
  * forward has its own tiles. */
 FC_TEST(api_workspace_same_on_every_path) {
     const flashc_simd orig = flashc_simd_active();
-    const int64_t lens[] = {1, 7, 300};
+    const int64_t lens[] = {1, 7, 300, 2048}; /* 2048: the amx forward's tall tiles */
     for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
         ta_prob t;
         ta_make(&t, lens[i]);

@@ -283,6 +283,14 @@ FC_TEST_REGISTER(fwd_sweep) {
     o.softcap = 1.5f;
     fwd_add(FLASHC_DTYPE_FP32, 1, 17, 1000, 2, 2, 96, o);
     fwd_add(FLASHC_DTYPE_BF16, 3, 113, 257, 2, 1, 64, fwd_option(11))->conv_ws = 1;
+    // the amx path's tall tiles (fwd.c: no mask, at least two tiles of 512 query rows a
+    // head, enough tasks for the threads), a short last tile; bf16, and fp16 split
+    o = (th_opts)TH_OPTS_NONE;
+    o.softcap = 1.5f;
+    fwd_add(FLASHC_DTYPE_BF16, 1, 1100, 300, 8, 2, 72, o)->threads = 2;
+    o = (th_opts)TH_OPTS_NONE;
+    o.alibi = 1;
+    fwd_add(FLASHC_DTYPE_FP16, 1, 1100, 300, 8, 4, 64, o)->threads = 2;
 
     // ---- peaked softmaxes (q in [-10, 10)): the running max moves a lot ----
     fwd_add(FLASHC_DTYPE_FP32, 1, 257, 1000, 2, 1, 64, (th_opts)TH_OPTS_NONE)->qr = 10.0;

@@ -100,12 +100,28 @@ static const fc_fwd_tiles fc_fwd_tile_table[] = {
 
 /* bf16 on AMX tiles (p->tiles): the tiles' GEMMs run at 1.0-1.3 TFLOP/s from
  * cache, so the time goes to the softmax and to reading Kj, Vj once per query
- * tile (a head's K and V at S = 4k fill half the L2). Measured on the 2-core
+ * tile (a head's K and V at S = 4k fill half the L2), each block of K transposed
+ * and each of V packed into pairs again for every tile. Measured on the 2-core
  * Intel VM with AMX (2 MB L2 per core), one thread, S = 4k: 256 x 256 took
  * 0.84x the time of 128 x 128 at D 128, 0.97x and 0.90x of 128 x 192 at D 64
  * and 256; 512 x 256 another 0.91-0.95x without a mask, but 1.1x at S = 1k
- * with a causal one, so not taken (bench/NOTES.md, session 35). */
+ * with a causal one (bench/NOTES.md, session 35). So tiles of
+ * FC_FWD_AMX_TALL_BR rows where no row is masked (no causal mask or window)
+ * and a head has at least two of them (S 512: no gain), unless that leaves
+ * fewer than FC_FWD_AMX_TALL_TASKS tasks a thread (bench/NOTES.md, session
+ * 39: 0.90-0.97x the time at S 1k-4k). Every row's scores, softmax and
+ * products are the same in either tile, so out and lse are too, bit for bit. */
 static const fc_fwd_tiles fc_fwd_amx_tiles = {INT64_MAX, 256, 256};
+enum { FC_FWD_AMX_TALL_BR = 512, FC_FWD_AMX_TALL_TASKS = 4 };
+
+static fc_fwd_tiles fc_fwd_amx_pick(const fc_attn *a) {
+    fc_fwd_tiles t = fc_fwd_amx_tiles;
+    int64_t tall = FC_FWD_AMX_TALL_BR, per_head = a->max_seqlen_q / tall;
+    if (a->window_left < 0 && a->window_right < 0 && per_head >= 2 &&
+        a->batch * a->heads * per_head >= (int64_t)FC_FWD_AMX_TALL_TASKS * fc_cpu_num_threads())
+        t.Br = (int)tall;
+    return t;
+}
 
 static fc_fwd_tiles fc_fwd_pick_tiles(int64_t D) {
     size_t n = sizeof fc_fwd_tile_table / sizeof fc_fwd_tile_table[0];
@@ -218,9 +234,9 @@ static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_pl
     /* fp16 problems the split may run reserve its buffers (simd.h) */
     int fp16 = fc_split_problem(a), split = fc_split_runs(a, ops);
     int dot = fc_fwd_use_dot(a, ops), amx = dot && ops->level == FLASHC_SIMD_AMX;
-    fc_fwd_tiles t = (amx || split) && wide ? fc_fwd_amx_tiles : fc_fwd_pick_tiles(dmax), r = t;
+    fc_fwd_tiles t = (amx || split) && wide ? fc_fwd_amx_pick(a) : fc_fwd_pick_tiles(dmax), r = t;
     if ((bf16 && amx_cpu && wide) || fp16) {
-        fc_fwd_tiles o = amx || split ? fc_fwd_pick_tiles(dmax) : fc_fwd_amx_tiles;
+        fc_fwd_tiles o = amx || split ? fc_fwd_pick_tiles(dmax) : fc_fwd_amx_pick(a);
         r.Br = o.Br > r.Br ? o.Br : r.Br;
         r.Bc = o.Bc > r.Bc ? o.Bc : r.Bc;
     }
