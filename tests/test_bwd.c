@@ -372,6 +372,24 @@ FC_TEST_REGISTER(bwd_sweep) {
     o.wl = 64;
     o.wr = 0;
     bw_add(FLASHC_DTYPE_FP16, 1, 1000, 113, 2, 1, 64, o);
+    // the amx path's wide tiles (bwd.c: no mask, at least two blocks of 256 keys a KV
+    // head, enough of them for the threads), a short last block; both schedules, twice
+    for (int t = 1; t <= 2; t++) {
+        o = (th_opts)TH_OPTS_NONE;
+        o.softcap = 1.5f;
+        o.dropout = t == 2 ? 0.1f : 0.0f;
+        c = bw_add(FLASHC_DTYPE_BF16, 2, 300, 600, 8, 4, 72, o);
+        c->threads = t;
+        c->repeat = 1;
+        o = (th_opts)TH_OPTS_NONE;
+        o.alibi = t;
+        c = bw_add(FLASHC_DTYPE_FP16, 1, 200, 530, 4, 4, 64, o);
+        c->threads = t;
+        c->repeat = 1;
+    }
+    c = bw_add(FLASHC_DTYPE_BF16, 1, 64, 2100, 2, 1, 40, (th_opts)TH_OPTS_NONE); /* two-pass */
+    c->threads = 2;
+    c->repeat = 1;
 
     // ---- peaked softmaxes (q in [-10, 10)) ----
     bw_add(FLASHC_DTYPE_FP32, 1, 113, 257, 2, 1, 64, bw_option(0))->qr = 10.0;

@@ -90,7 +90,7 @@ typedef struct fc_bwd_tile_size {
 
 /* At most FC_BWD_BR_MAX x FC_BWD_BC_MAX (the sub-block tables of a tile), Br even
  * (pairs of rows of the bf16 products start on an even row). */
-enum { FC_BWD_BR_MAX = 128, FC_BWD_BC_MAX = 128 };
+enum { FC_BWD_BR_MAX = 128, FC_BWD_BC_MAX = 256 };
 static const fc_bwd_tile_size fc_bwd_tile_table[] = {
     {64, 64, 128},
     {128, 64, 128},
@@ -103,6 +103,20 @@ static const fc_bwd_tile_size fc_bwd_tile_table[] = {
  * 0.98, 0.89x the time, causal 0.98, 0.98, 0.89x; 128 x 256 was 0.84-0.92x
  * without a mask but 1.05-1.07x with a causal one at D <= 128 (bench/NOTES.md). */
 static const fc_bwd_tile_size fc_bwd_amx_tiles = {INT64_MAX, 128, 128};
+/* So 128 x FC_BWD_AMX_WIDE_BC where no row is masked and a KV head has at least
+ * two such key blocks, unless that leaves fewer than FC_BWD_AMX_WIDE_TASKS key
+ * blocks a thread (the two-pass schedule's first pass): bf16, S 1k-2k, 0.93-0.98x
+ * the time (bench/NOTES.md, session 39); 256 x 256 and 64 x 256 were slower. */
+enum { FC_BWD_AMX_WIDE_BC = 256, FC_BWD_AMX_WIDE_TASKS = 4 };
+
+static fc_bwd_tile_size fc_bwd_amx_pick(const fc_attn *a) {
+    fc_bwd_tile_size t = fc_bwd_amx_tiles;
+    int64_t wide = FC_BWD_AMX_WIDE_BC, per_head = a->max_seqlen_k / wide;
+    if (a->window_left < 0 && a->window_right < 0 && per_head >= 2 &&
+        a->batch * a->kv_heads * per_head >= (int64_t)FC_BWD_AMX_WIDE_TASKS * fc_cpu_num_threads())
+        t.bc = (int)wide;
+    return t;
+}
 
 /* ---- plan: schedule and workspace layout ---- */
 /* Regions of one thread's scratch (sizes 0 where the schedule needs none). */
@@ -184,7 +198,7 @@ static size_t fc_bwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_bwd_
     pl->split = fc_split_runs(a, ops); /* the forward's rule (simd.h) */
     pl->pairs = pl->dot || pl->split;
     bool amx = (pl->dot && ops->level == FLASHC_SIMD_AMX) || pl->split;
-    fc_bwd_tile_size tile = amx ? fc_bwd_amx_tiles : fc_bwd_tile_table[t];
+    fc_bwd_tile_size tile = amx ? fc_bwd_amx_pick(a) : fc_bwd_tile_table[t];
     pl->br = tile.br;
     pl->bc = tile.bc;
     /* the sizes below reserve, on a CPU with AMX, the larger of both tiles for
@@ -193,7 +207,7 @@ static size_t fc_bwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_bwd_
     int rbr = pl->br, rbc = pl->bc;
     bool fp16_amx = fc_split_problem(a);
     if ((a->dtype == FLASHC_DTYPE_BF16 && fc_simd_amx_possible()) || fp16_amx) {
-        fc_bwd_tile_size o = amx ? fc_bwd_tile_table[t] : fc_bwd_amx_tiles;
+        fc_bwd_tile_size o = amx ? fc_bwd_tile_table[t] : fc_bwd_amx_pick(a);
         rbr = o.br > rbr ? o.br : rbr;
         rbc = o.bc > rbc ? o.bc : rbc;
     }
