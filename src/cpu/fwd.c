@@ -106,20 +106,18 @@ static const fc_fwd_tiles fc_fwd_tile_table[] = {
  * 0.84x the time of 128 x 128 at D 128, 0.97x and 0.90x of 128 x 192 at D 64
  * and 256; 512 x 256 another 0.91-0.95x without a mask, but 1.1x at S = 1k
  * with a causal one (bench/NOTES.md, session 35). So tiles of
- * FC_FWD_AMX_TALL_BR rows where no row is masked (no causal mask or window)
- * and a head has at least two of them (S 512: no gain), unless that leaves
- * fewer than FC_FWD_AMX_TALL_TASKS tasks a thread (bench/NOTES.md, session
- * 39: 0.90-0.97x the time at S 1k-4k). Every row's scores, softmax and
- * products are the same in either tile, so out and lse are too, bit for bit. */
+ * FC_FWD_AMX_TALL_BR rows where simd.h's fc_amx_big_tiles allows (no mask, two
+ * such tiles a head: at S 512 no gain; enough tasks for the threads):
+ * 0.90-0.97x the time at S 1k-4k (bench/NOTES.md, session 39). Every row's
+ * scores, softmax and products are the same in either tile, so out and lse
+ * are too, bit for bit. */
 static const fc_fwd_tiles fc_fwd_amx_tiles = {INT64_MAX, 256, 256};
-enum { FC_FWD_AMX_TALL_BR = 512, FC_FWD_AMX_TALL_TASKS = 4 };
+enum { FC_FWD_AMX_TALL_BR = 512 };
 
 static fc_fwd_tiles fc_fwd_amx_pick(const fc_attn *a) {
     fc_fwd_tiles t = fc_fwd_amx_tiles;
-    int64_t tall = FC_FWD_AMX_TALL_BR, per_head = a->max_seqlen_q / tall;
-    if (a->window_left < 0 && a->window_right < 0 && per_head >= 2 &&
-        a->batch * a->heads * per_head >= (int64_t)FC_FWD_AMX_TALL_TASKS * fc_cpu_num_threads())
-        t.Br = (int)tall;
+    if (fc_amx_big_tiles(a, a->max_seqlen_q, FC_FWD_AMX_TALL_BR, a->batch * a->heads))
+        t.Br = FC_FWD_AMX_TALL_BR;
     return t;
 }
 

@@ -204,6 +204,18 @@ static inline int fc_split_runs(const fc_attn *a, const fc_simd_ops *ops) {
            ops->softmax_rows_bf16 && (flashc_cpu_features() & ops->bf16_cpu) == ops->bf16_cpu;
 }
 
+/* Whether the amx path's tiles grow to `big` rows along a sequence of length len
+ * (the forward's query rows, the backward's keys): where no row is masked (no causal
+ * mask or window), the sequence holds at least two such blocks, and units (the heads
+ * a block is taken per) times that many blocks leave at least 4 a thread. Every
+ * element is computed the same either way; bigger tiles repack K and V less often
+ * (fwd.c, bwd.c). */
+static inline int fc_amx_big_tiles(const fc_attn *a, int64_t len, int64_t big, int64_t units) {
+    int64_t per = len / big;
+    return a->window_left < 0 && a->window_right < 0 && per >= 2 &&
+           units * per >= 4 * (int64_t)fc_cpu_num_threads();
+}
+
 /* Tables of the paths; a path's table is NULL when the build lacks it. */
 extern const fc_simd_ops fc_simd_scalar_ops;
 #if defined(FLASHC_HAVE_AVX2)
