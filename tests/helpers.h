@@ -194,5 +194,8 @@ void th_shuffle(int32_t *p, int64_t n);
  * temporary file; return what it wrote (malloc'd, NUL-terminated), or NULL when
  * the capture failed. The variable and the library's cached answer are restored. */
 char *th_capture_log(const char *val, void (*fn)(void *), void *ctx);
+/* The "Br=.. Bc=.." of the first launch line of text that holds `entry` ("cpu fwd: ",
+ * "cpu bwd: ") into buf; 0 when there is none. */
+int th_log_tiles(const char *text, const char *entry, char *buf, size_t n);
 
 #endif /* FLASHC_TEST_HELPERS_H */

@@ -8,6 +8,8 @@
  * max_seqlen larger than needed; the backward takes out and lse from the
  * reference forward. attn_probs is checked in full, zeros past each sequence's
  * lengths included. A subset runs under every SIMD path with 1 and 2 threads.
+ * A few run on 1 and then 5 threads, where the amx path's tiles differ (fwd.c,
+ * bwd.c: big tiles need tasks for the threads): the same bits both times.
  */
 #include <math.h>
 #include <stdio.h>
@@ -39,6 +41,8 @@ typedef struct vl_case {
     vl_layout layout;                 /* VL_QKVPACKED needs lq == lk and H == Hk */
     int bwd;
     int simd, threads;
+    int threads2; /* > 0: the call again on this many threads, bit for bit the same, on
+                     other tiles (the amx path's big tiles follow the thread count) */
 } vl_case;
 
 enum { VL_MAX = 160 };
@@ -54,6 +58,62 @@ static int vl_cumsum(const int *len, int n, int32_t *cu) {
         if (len[b] > mx) mx = len[b];
     }
     return mx;
+}
+
+// ---- a call on two thread counts ----
+
+typedef struct vl_call {
+    int bwd;
+    flashc_varlen_fwd_args *f;
+    flashc_varlen_bwd_args *b;
+    const flashc_params *p;
+    flashc_status st;
+} vl_call;
+
+/* The call, its workspace sized for the current thread count. */
+static void vl_call_run(void *ctx) {
+    vl_call *k = (vl_call *)ctx;
+    size_t bytes = 0;
+    k->st = k->bwd ? flashc_varlen_bwd_workspace_size(k->b, k->p, &bytes)
+                   : flashc_varlen_fwd_workspace_size(k->f, k->p, &bytes);
+    if (k->st != FLASHC_OK) return;
+    void *ws = th_ws_new(bytes);
+    k->st = k->bwd ? flashc_varlen_bwd(k->b, k->p, ws, bytes) : flashc_varlen_fwd(k->f, k->p, ws, bytes);
+    th_ws_free(ws, bytes);
+}
+
+/* With c->threads2: the call (made once on c->threads, launch line in log1) again
+ * on c->threads2 with its n outputs poisoned; the two must give the same bits and,
+ * on the amx path, take other tiles. */
+static void vl_again(const vl_case *c, th_arena *ar, vl_call *k, char *log1, int n,
+                     flashc_tensor *const *outs, th_buf *const *bufs, const char *const *names) {
+    double *first[3];
+    for (int i = 0; i < n; i++) {
+        first[i] = (double *)th_keep(ar, th_to_double(outs[i]));
+        th_poison(bufs[i], outs[i]);
+    }
+    flashc_set_num_threads(c->threads2);
+    char *log2 = th_capture_log("1", vl_call_run, k);
+    flashc_set_num_threads(c->threads);
+    const char *entry = k->bwd ? "cpu bwd: " : "cpu fwd: ";
+    char t1[64], t2[64];
+    if (!th_log_tiles(log1, entry, t1, sizeof t1) || !th_log_tiles(log2, entry, t2, sizeof t2))
+        fc_test_fail(__FILE__, __LINE__, "no launch line: %s / %s", log1 ? log1 : "(none)",
+                     log2 ? log2 : "(none)");
+    else if (flashc_simd_active() == FLASHC_SIMD_AMX && strcmp(t1, t2) == 0)
+        fc_test_fail(__FILE__, __LINE__, "%d and %d threads took the same tiles (%s): the case "
+                     "no longer compares two", c->threads, c->threads2, t1);
+    free(log1);
+    free(log2);
+    FC_ASSERT_OK(k->st);
+    for (int i = 0; i < n; i++) {
+        const double *again = (double *)th_keep(ar, th_to_double(outs[i]));
+        int64_t diff = 0, m = th_numel(outs[i]);
+        for (int64_t e = 0; e < m; e++) diff += memcmp(&again[e], &first[i][e], sizeof(double)) != 0;
+        if (diff)
+            fc_test_fail(__FILE__, __LINE__, "%s: %lld elements differ between %d and %d threads",
+                         names[i], (long long)diff, c->threads, c->threads2);
+    }
 }
 
 // ---- forward ----
@@ -131,12 +191,16 @@ static void vl_fwd_body(const vl_case *c, th_arena *ar) {
         a.attn_probs = th_new_out(pb, FLASHC_DTYPE_FP32, 4, (int64_t[]){B, H, maxq, maxk}, lay);
     flashc_params p = th_params(&c->o);
 
-    size_t bytes = 0;
-    FC_ASSERT_OK(flashc_varlen_fwd_workspace_size(&a, &p, &bytes));
-    void *ws = th_ws_new(bytes);
-    flashc_status s = flashc_varlen_fwd(&a, &p, ws, bytes);
-    th_ws_free(ws, bytes);
-    FC_ASSERT_OK(s);
+    vl_call k = {0, &a, NULL, &p, FLASHC_ERR_INTERNAL};
+    char *log1 = c->threads2 ? th_capture_log("1", vl_call_run, &k) : NULL;
+    if (!c->threads2) vl_call_run(&k);
+    FC_ASSERT_OK(k.st);
+    if (c->threads2) {
+        flashc_tensor *outs[2] = {&a.out, &a.softmax_lse};
+        th_buf *bufs[2] = {ob, lb};
+        static const char *const names[2] = {"out", "lse"};
+        vl_again(c, ar, &k, log1, c->lse ? 2 : 1, outs, bufs, names);
+    }
 
     // ---- reference and checks ----
     int64_t nq = tq * H * Dv, nl = H * tq, np = B * H * maxq * maxk;
@@ -212,12 +276,16 @@ static void vl_bwd_body(const vl_case *c, th_arena *ar) {
     a.dk = th_new_out(dkb, dt, 3, ks, lay);
     a.dv = th_new_out(dvb, dt, 3, vs, lay);
 
-    size_t bytes = 0;
-    FC_ASSERT_OK(flashc_varlen_bwd_workspace_size(&a, &p, &bytes));
-    void *ws = th_ws_new(bytes);
-    flashc_status s = flashc_varlen_bwd(&a, &p, ws, bytes);
-    th_ws_free(ws, bytes);
-    FC_ASSERT_OK(s);
+    vl_call k = {1, NULL, &a, &p, FLASHC_ERR_INTERNAL};
+    char *log1 = c->threads2 ? th_capture_log("1", vl_call_run, &k) : NULL;
+    if (!c->threads2) vl_call_run(&k);
+    FC_ASSERT_OK(k.st);
+    if (c->threads2) {
+        flashc_tensor *outs[3] = {&a.dq, &a.dk, &a.dv};
+        th_buf *bufs[3] = {dqb, dkb, dvb};
+        static const char *const names[3] = {"dq", "dk", "dv"};
+        vl_again(c, ar, &k, log1, 3, outs, bufs, names);
+    }
 
     int64_t nq = tq * H * D, nk = tk * Hk * D, nv = tk * Hk * Dv;
     double *dq64 = th_dbl(ar, nq), *dqlp = th_dbl(ar, nq), *dk64 = th_dbl(ar, nk),
@@ -353,6 +421,22 @@ FC_TEST_REGISTER(varlen_sweep) {
     c->lq[1] = 24;
     c->lk[1] = 1000;
 
+    // ---- the amx path's big tiles follow the thread count (fwd.c, bwd.c): the same
+    // bits on 1 and 5 threads. The short sequence's group of 4 heads (288 rows) would
+    // pack into the forward's 512-row tiles, its 16-row blocks then all whole ----
+    for (int i = 0; i < 4; i++) {
+        c = vl_add(i % 2 ? FLASHC_DTYPE_FP16 : FLASHC_DTYPE_BF16, 0, 4, 1, 64,
+                   (th_opts)TH_OPTS_NONE);
+        c->nseq = 2;
+        c->lq[0] = c->lk[0] = 1100;
+        c->lq[1] = 72;
+        c->lk[1] = 600;
+        c->lse = 1;
+        c->bwd = i >= 2;
+        c->threads = 1;
+        c->threads2 = 5;
+    }
+
     // ---- backward ----
     for (int i = 0; i < 10; i++) {
         static const int bsets[5] = {0, 1, 4, 3, 6}; /* the empty set 6 gets options 4, 9 */
@@ -457,6 +541,10 @@ FC_TEST_REGISTER(varlen_sweep) {
                                              : "",
                  k->extra_max ? "/maxpad" : "", "");
         th_env_name(name, sizeof name, k->simd, k->threads);
+        if (k->threads2) {
+            len = strlen(name);
+            snprintf(name + len, sizeof name - len, "_then_t%d", k->threads2);
+        }
         fc_test_add(name, vl_run, k);
     }
 }

@@ -834,24 +834,34 @@ static void fc_bwd_keys_by_rows(const fc_bwd_ctx *c, const fc_bwd_blocks *bl, in
     }
 }
 
-/* dQi (Br, D) += dS Kj by query sub-block over the keys it sees. */
+/* dQi (Br, D) += dS Kj by query sub-block over the keys it sees, in products of
+ * at most FC_BWD_DQ_KEYS keys (from a multiple of it): a wide tile (the amx
+ * path's 256 keys, fc_bwd_amx_pick) then sums dQ as two tiles of 128 keys would,
+ * so that the tile width, which the thread count may decide, never shows in dQ
+ * (a product over 256 keys rounds its partial blocks and fp16's split terms
+ * apart). */
+enum { FC_BWD_DQ_KEYS = 128 };
+
 static void fc_bwd_dq_by_keys(const fc_bwd_ctx *c, const fc_bwd_scratch *s,
                               const fc_bwd_blocks *bl, float *dq) {
     int ld = c->pl.bc, ld2 = (ld + 1) / 2, d = (int)c->pl.d;
     for (int g = 0; g < bl->nq; g++) {
         const fc_bwd_block *q = &bl->q[g];
-        int nc = q->c1 - q->c0;
-        if (nc <= 0) continue;
         float *dqq = dq + (size_t)q->r0 * d;
-        int m = q->r1 - q->r0, k2 = (nc + 1) / 2;
-        size_t ao = (size_t)q->r0 * ld2 + q->c0 / 2, bo = (size_t)(q->c0 / 2) * d;
-        if (c->pl.pairs)
-            fc_gemm_bf16_split(c->ops->gemm_bf16_nn, m, d, k2, s->ds2k + ao,
-                               c->pl.split ? s->ds2k_lo + ao : NULL, ld2, s->k2r + bo,
-                               c->pl.split ? s->k2r_lo + bo : NULL, d, dqq, d, 1.0f, 1);
-        else
-            c->ops->gemm_nn(q->r1 - q->r0, d, nc, s->p + (size_t)q->r0 * ld + q->c0, ld,
-                            s->k + (size_t)q->c0 * d, d, dqq, d, 1);
+        int m = q->r1 - q->r0;
+        for (int c0 = q->c0, c1; c0 < q->c1; c0 = c1) {
+            c1 = (c0 / FC_BWD_DQ_KEYS + 1) * FC_BWD_DQ_KEYS;
+            c1 = c1 < q->c1 ? c1 : q->c1;
+            int nc = c1 - c0, k2 = (nc + 1) / 2;
+            size_t ao = (size_t)q->r0 * ld2 + c0 / 2, bo = (size_t)(c0 / 2) * d;
+            if (c->pl.pairs)
+                fc_gemm_bf16_split(c->ops->gemm_bf16_nn, m, d, k2, s->ds2k + ao,
+                                   c->pl.split ? s->ds2k_lo + ao : NULL, ld2, s->k2r + bo,
+                                   c->pl.split ? s->k2r_lo + bo : NULL, d, dqq, d, 1.0f, 1);
+            else
+                c->ops->gemm_nn(m, d, nc, s->p + (size_t)q->r0 * ld + c0, ld,
+                                s->k + (size_t)c0 * d, d, dqq, d, 1);
+        }
     }
 }
 

@@ -110,7 +110,7 @@ static const fc_fwd_tiles fc_fwd_tile_table[] = {
  * such tiles a head: at S 512 no gain; enough tasks for the threads):
  * 0.90-0.97x the time at S 1k-4k (bench/NOTES.md, session 39). Every row's
  * scores, softmax and products are the same in either tile, so out and lse
- * are too, bit for bit. */
+ * are too, bit for bit, as long as the same rows pack (p->pack_br). */
 static const fc_fwd_tiles fc_fwd_amx_tiles = {INT64_MAX, 256, 256};
 enum { FC_FWD_AMX_TALL_BR = 512 };
 
@@ -174,6 +174,7 @@ enum {
 
 typedef struct fc_fwd_plan {
     int Br, Bc;
+    int pack_br;             /* Br without the amx path's tall tiles: the bound of GQA packing */
     int ldq;                 /* Br rounded up to 16: rows of Qi^T and S^T */
     int ldd;                 /* max(D, Dv) rounded up to 16: rows of Oi, Kj, Vj */
     int dot;                 /* bf16 inputs on a path with bf16 dot products */
@@ -233,6 +234,7 @@ static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_pl
     int fp16 = fc_split_problem(a), split = fc_split_runs(a, ops);
     int dot = fc_fwd_use_dot(a, ops), amx = dot && ops->level == FLASHC_SIMD_AMX;
     fc_fwd_tiles t = (amx || split) && wide ? fc_fwd_amx_pick(a) : fc_fwd_pick_tiles(dmax), r = t;
+    p->pack_br = (amx || split) && wide ? fc_fwd_amx_tiles.Br : t.Br;
     if ((bf16 && amx_cpu && wide) || fp16) {
         fc_fwd_tiles o = amx || split ? fc_fwd_pick_tiles(dmax) : fc_fwd_amx_pick(a);
         r.Br = o.Br > r.Br ? o.Br : r.Br;
@@ -341,10 +343,12 @@ static inline int64_t fc_fwd_col_head(const fc_fwd_tile *t, int c) { return t->h
 static inline int64_t fc_fwd_col_row(const fc_fwd_tile *t, int c) { return t->i0 + c % t->nqh; }
 
 /* A task owns all G query heads of a kv head of sequence b (sq rows each)
- * when they fit one tile. */
+ * when they fit one tile of pack_br rows. Not p->Br: packing moves rows between
+ * partial and whole 16-row blocks of a tile, which round their sums apart, and
+ * the amx path's tall tiles depend on the thread count (fc_amx_big_tiles). */
 static int fc_fwd_packs_heads(const fc_attn *a, const fc_fwd_plan *p, int64_t sq) {
     int64_t group = a->heads / a->kv_heads;
-    return group > 1 && sq >= 1 && group * sq <= p->Br;
+    return group > 1 && sq >= 1 && group * sq <= p->pack_br;
 }
 
 /* How many consecutive kv heads a task of sequence b owns. 1, except for
