@@ -18,12 +18,14 @@
  *   +inf, -inf in the same places (an inf in V makes inf or NaN outputs, a -inf
  *   in q a row that sees no key: out 0, lse -inf), finite values within fp16's
  *   rounding, and on each path the same bits at 1 and 5 threads (the
- *   backward's two schedules; 160 rows: more than one 128-row tile). The amx path splits fp16 into bf16 halves,
+ *   backward's two schedules; 160 rows: more than one 128-row tile; and 1040 rows
+ *   without a mask, a NaN in q). The amx path splits fp16 into bf16 halves,
  *   whose cross products would turn inf x 0 into NaN: it redoes such a tile
  *   (forward) or runs the call (backward) with fp32 products.
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "support/check.h"
@@ -125,37 +127,44 @@ static const th_edge ed_cases[] = {
 #undef F32
 
 /* ---- fp16 with inf, every SIMD path against the scalar one ---- */
-enum { EN_S = 160, EN_H = 2, EN_D = 24, EN_N = EN_S * EN_H * EN_D, EN_L = EN_H * EN_S };
+enum { EN_H = 2, EN_D = 24 };
 
 typedef struct en_case {
     const char *name;
     int64_t at;   /* element set to value: in q (which 0), k (1), v (2) or dout (3) */
     int which;
-    double value; /* +-inf */
+    double value; /* +-inf, NaN */
+    int64_t S;    /* query and key rows */
+    int causal;
 } en_case;
 
 static const en_case en_cases[] = {
-    {"v_inf", (5 * EN_H + 1) * EN_D + 3, 2, INFINITY},
-    {"q_minus_inf", (7 * EN_H) * EN_D, 0, -INFINITY},
-    {"k_inf", (40 * EN_H) * EN_D + 2, 1, INFINITY},
-    {"dout_inf", (50 * EN_H + 1) * EN_D + 5, 3, -INFINITY},
+    {"v_inf", (5 * EN_H + 1) * EN_D + 3, 2, INFINITY, 160, 1},
+    {"q_minus_inf", (7 * EN_H) * EN_D, 0, -INFINITY, 160, 1},
+    {"k_inf", (40 * EN_H) * EN_D + 2, 1, INFINITY, 160, 1},
+    {"dout_inf", (50 * EN_H + 1) * EN_D + 5, 3, -INFINITY, 160, 1},
+    /* no mask and 1040 rows: the amx path's tiles could grow with the thread count
+       (fwd.c fc_fwd_amx_pick), and a redo of a tile holding the NaN row must then not
+       take in more rows on one thread than on five */
+    {"q_nan_1040_rows", (3 * EN_H) * EN_D + 1, 0, NAN, 1040, 0},
 };
 
 /* 0 finite, 1 NaN, 2 +inf, 3 -inf */
 static int en_class(double x) { return isnan(x) ? 1 : isinf(x) ? (x > 0 ? 2 : 3) : 0; }
 
-/* The forward and backward of q, k, v, dout (qkvd, EN_N each) on one path: out,
- * lse, dq, dk, dv into res (EN_N, EN_L, then 3 EN_N) as doubles. */
-static void en_path(flashc_simd simd, const uint16_t *qkvd, double *res) {
-    static uint16_t o[4 * EN_N]; /* out, dq, dk, dv */
-    static float l[EN_L];
-    int64_t sh[4] = {1, EN_S, EN_H, EN_D}, ls[3] = {1, EN_H, EN_S};
+/* The forward and backward of q, k, v, dout (qkvd, N = S H D each) on one path:
+ * out, lse, dq, dk, dv into res (N, L = H S, then 3 N) as doubles; o (4 N) and l
+ * (L) the outputs. */
+static void en_path(const en_case *c, flashc_simd simd, const uint16_t *qkvd, uint16_t *o,
+                    float *l, double *res) {
+    const int64_t nn = c->S * EN_H * EN_D, nl = EN_H * c->S;
+    int64_t sh[4] = {1, c->S, EN_H, EN_D}, ls[3] = {1, EN_H, c->S};
     flashc_tensor t[8];
     for (int i = 0; i < 4; i++)
-        t[i] = flashc_tensor_contiguous((void *)(qkvd + i * EN_N), FLASHC_DTYPE_FP16, 4, sh,
+        t[i] = flashc_tensor_contiguous((void *)(qkvd + i * nn), FLASHC_DTYPE_FP16, 4, sh,
                                         FLASHC_DEVICE_CPU);
     for (int i = 0; i < 4; i++)
-        t[4 + i] = flashc_tensor_contiguous(o + i * EN_N, FLASHC_DTYPE_FP16, 4, sh,
+        t[4 + i] = flashc_tensor_contiguous(o + i * nn, FLASHC_DTYPE_FP16, 4, sh,
                                             FLASHC_DEVICE_CPU);
     flashc_tensor lse = flashc_tensor_contiguous(l, FLASHC_DTYPE_FP32, 3, ls, FLASHC_DEVICE_CPU);
     flashc_fwd_args f;
@@ -168,30 +177,34 @@ static void en_path(flashc_simd simd, const uint16_t *qkvd, double *res) {
     g.q = t[0], g.k = t[1], g.v = t[2], g.dout = t[3], g.out = t[4], g.softmax_lse = lse;
     g.dq = t[5], g.dk = t[6], g.dv = t[7];
     flashc_params p = flashc_params_default();
-    p.causal = 1;
+    p.causal = c->causal;
     FC_ASSERT_OK(flashc_set_simd(simd));
     FC_ASSERT_OK(flashc_fwd(&f, &p, NULL, 0));
     FC_ASSERT_OK(flashc_bwd(&g, &p, NULL, 0));
-    for (int64_t i = 0; i < EN_N; i++) res[i] = fc_get(o, FLASHC_DTYPE_FP16, i);
-    for (int64_t i = 0; i < EN_L; i++) res[EN_N + i] = l[i];
-    for (int64_t i = 0; i < 3 * EN_N; i++)
-        res[EN_N + EN_L + i] = fc_get(o + EN_N, FLASHC_DTYPE_FP16, i);
+    for (int64_t i = 0; i < nn; i++) res[i] = fc_get(o, FLASHC_DTYPE_FP16, i);
+    for (int64_t i = 0; i < nl; i++) res[nn + i] = l[i];
+    for (int64_t i = 0; i < 3 * nn; i++)
+        res[nn + nl + i] = fc_get(o + nn, FLASHC_DTYPE_FP16, i);
 }
 
 static void en_run(const void *param) {
     const en_case *c = (const en_case *)param;
-    enum { R = 4 * EN_N + EN_L };
-    static uint16_t qkvd[4 * EN_N];
-    static double r0[R], r1[R], one[R];
+    const int64_t nn = c->S * EN_H * EN_D, nl = EN_H * c->S, R = 4 * nn + nl;
+    th_arena ar = {0};
+    uint16_t *qkvd = (uint16_t *)th_keep(&ar, malloc((size_t)(4 * nn) * sizeof(uint16_t)));
+    uint16_t *o = (uint16_t *)th_keep(&ar, malloc((size_t)(4 * nn) * sizeof(uint16_t)));
+    float *l = (float *)th_keep(&ar, malloc((size_t)nl * sizeof(float)));
+    double *r0 = th_dbl(&ar, R), *r1 = th_dbl(&ar, R), *one = th_dbl(&ar, R);
+    FC_ASSERT_TRUE(qkvd && o && l && r0 && r1 && one);
     static const char *what[] = {"out", "lse", "dq", "dk", "dv"};
-    for (int64_t i = 0; i < 4 * EN_N; i++)
+    for (int64_t i = 0; i < 4 * nn; i++)
         fc_set(qkvd, FLASHC_DTYPE_FP16, i, fc_rand_uniform(-1.0, 1.0));
     if (c->which == 0) /* q's element against a key column of one sign: every score -inf */
-        for (int64_t j = 0; j < EN_S; j++)
-            fc_set(qkvd + EN_N, FLASHC_DTYPE_FP16, (j * EN_H) * EN_D, 0.5);
-    fc_set(qkvd + c->which * EN_N, FLASHC_DTYPE_FP16, c->at, c->value);
+        for (int64_t j = 0; j < c->S; j++)
+            fc_set(qkvd + nn, FLASHC_DTYPE_FP16, (j * EN_H) * EN_D, 0.5);
+    fc_set(qkvd + c->which * nn, FLASHC_DTYPE_FP16, c->at, c->value);
     flashc_simd saved = flashc_simd_active();
-    en_path(FLASHC_SIMD_SCALAR, qkvd, r0);
+    en_path(c, FLASHC_SIMD_SCALAR, qkvd, o, l, r0);
     int nonfinite = 0;
     for (int64_t i = 0; i < R; i++) nonfinite += en_class(r0[i]) != 0;
     FC_EXPECT_TRUE(nonfinite > 0); /* the case reaches the outputs */
@@ -200,11 +213,11 @@ static void en_run(const void *param) {
              s += threads == 1) {
         if (!flashc_simd_supported((flashc_simd)s)) continue;
         flashc_set_num_threads(threads);
-        en_path((flashc_simd)s, qkvd, r1);
+        en_path(c, (flashc_simd)s, qkvd, o, l, r1);
         flashc_set_num_threads(0);
         int bad[5] = {0, 0, 0, 0, 0};
         for (int64_t i = 0; i < R; i++) {
-            int k = i < EN_N ? 0 : i < EN_N + EN_L ? 1 : 2 + (int)((i - EN_N - EN_L) / EN_N);
+            int k = i < nn ? 0 : i < nn + nl ? 1 : 2 + (int)((i - nn - nl) / nn);
             double tol = k == 1 ? 1e-3 : k == 0 ? 0x1p-8 : 0x1p-6; /* (gradients: fp16 sums) */
             bad[k] += en_class(r1[i]) != en_class(r0[i]) ||
                       (!en_class(r0[i]) && fabs(r1[i] - r0[i]) > tol * (1.0 + fabs(r0[i])));
@@ -215,7 +228,7 @@ static void en_run(const void *param) {
                              "scalar's", flashc_simd_name((flashc_simd)s), threads, bad[k],
                              what[k]);
         if (threads == 1) { /* and the other schedule bit for bit (NaN where NaN) */
-            memcpy(one, r1, sizeof one);
+            memcpy(one, r1, (size_t)R * sizeof(double));
             continue;
         }
         int moved = 0;
@@ -226,6 +239,7 @@ static void en_run(const void *param) {
                          flashc_simd_name((flashc_simd)s), moved);
     }
     flashc_set_simd(saved);
+    th_arena_free(&ar);
 }
 
 FC_TEST_REGISTER(edge) {

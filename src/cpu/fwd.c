@@ -110,13 +110,17 @@ static const fc_fwd_tiles fc_fwd_tile_table[] = {
  * such tiles a head: at S 512 no gain; enough tasks for the threads):
  * 0.90-0.97x the time at S 1k-4k (bench/NOTES.md, session 39). Every row's
  * scores, softmax and products are the same in either tile, so out and lse
- * are too, bit for bit, as long as the same rows pack (p->pack_br). */
+ * are too, bit for bit, as long as the same rows pack (p->pack_br) and run by
+ * rows (fc_fwd_task: a sequence's choice, not a tile's). bf16 only: fp16's
+ * split redoes a tile whose Q holds inf or NaN with fp32 products, and a tall
+ * tile would take 256 more rows into the redo. */
 static const fc_fwd_tiles fc_fwd_amx_tiles = {INT64_MAX, 256, 256};
 enum { FC_FWD_AMX_TALL_BR = 512 };
 
 static fc_fwd_tiles fc_fwd_amx_pick(const fc_attn *a) {
     fc_fwd_tiles t = fc_fwd_amx_tiles;
-    if (fc_amx_big_tiles(a, a->max_seqlen_q, FC_FWD_AMX_TALL_BR, a->batch * a->heads))
+    if (a->dtype == FLASHC_DTYPE_BF16 &&
+        fc_amx_big_tiles(a, a->max_seqlen_q, FC_FWD_AMX_TALL_BR, a->batch * a->heads))
         t.Br = FC_FWD_AMX_TALL_BR;
     return t;
 }
@@ -870,7 +874,7 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
     t.sq = fc_seqlen_q(a, t.b);
     t.sk = fc_seqlen_k(a, t.b);
     int64_t local = task - x->task0[t.b], group = a->heads / a->kv_heads;
-    int64_t kvn = fc_fwd_kv_per_task(a, p, t.sq);
+    int64_t kvn = fc_fwd_kv_per_task(a, p, t.sq), seq_cols;
     t.nkv = 1;
     if (kvn > 1 || fc_fwd_packs_heads(a, p, t.sq)) {
         /* kvn kv heads (one unless narrow): their G query heads, all rows */
@@ -880,6 +884,7 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
         t.i0 = 0;
         t.nh = (int)group * t.nkv;
         t.nqh = (int)t.sq;
+        seq_cols = group * t.sq;
     } else {
         /* within b: head by head, so that consecutive tasks share Kj, Vj in
          * cache (the heads of one kv head are neighbours), and within a head
@@ -890,9 +895,14 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
         t.i0 = (ntiles - 1 - local % ntiles) * p->Br;
         t.nh = 1;
         t.nqh = (int)(t.sq - t.i0 < p->Br ? t.sq - t.i0 : p->Br);
+        seq_cols = t.sq;
     }
     t.nq = t.nh * t.nqh;
-    t.rows = t.nq / t.nkv <= p->rows_nq;
+    /* by rows when the sequence's columns of a kv head are few (decode): decided by
+     * the sequence, not the tile, so that a long sequence's short last tile, whose
+     * length follows Br (and so the thread count: fc_amx_big_tiles), runs on the
+     * products its other tiles take */
+    t.rows = seq_cols <= p->rows_nq;
     t.diag0 = FC_WINDOW_DIAG(t.i0, t.sq, t.sk);
     /* visible ranges are non-decreasing in the row: the tile's rows see at most
      * [lo(first), hi(last)) and all see [lo(last), hi(first)) */
