@@ -444,7 +444,8 @@ char *th_capture_log(const char *val, void (*fn)(void *), void *ctx) {
 int th_log_tiles(const char *text, const char *entry, char *buf, size_t n) {
     const char *line = text ? strstr(text, entry) : NULL;
     const char *br = line ? strstr(line, "Br=") : NULL;
-    const char *end = br ? strstr(br, " threads=") : NULL, *tasks = br ? strstr(br, " tasks=") : NULL;
+    const char *end = br ? strstr(br, " threads=") : NULL;
+    const char *tasks = br ? strstr(br, " tasks=") : NULL;
     const char *eol = line ? strchr(line, '\n') : NULL;
     if (tasks && (!end || tasks < end)) end = tasks;
     if (!end || (eol && end > eol) || (size_t)(end - br) >= n) return 0;

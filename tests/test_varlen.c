@@ -79,7 +79,8 @@ static void vl_call_run(void *ctx) {
                    : flashc_varlen_fwd_workspace_size(k->f, k->p, &bytes);
     if (k->st != FLASHC_OK) return;
     void *ws = th_ws_new(bytes);
-    k->st = k->bwd ? flashc_varlen_bwd(k->b, k->p, ws, bytes) : flashc_varlen_fwd(k->f, k->p, ws, bytes);
+    k->st = k->bwd ? flashc_varlen_bwd(k->b, k->p, ws, bytes)
+                   : flashc_varlen_fwd(k->f, k->p, ws, bytes);
     th_ws_free(ws, bytes);
 }
 
@@ -110,7 +111,8 @@ static void vl_again(const vl_case *c, th_arena *ar, vl_call *k, char *log1, int
     for (int i = 0; i < n; i++) {
         const double *again = (double *)th_keep(ar, th_to_double(outs[i]));
         int64_t diff = 0, m = th_numel(outs[i]);
-        for (int64_t e = 0; e < m; e++) diff += memcmp(&again[e], &first[i][e], sizeof(double)) != 0;
+        for (int64_t e = 0; e < m; e++)
+            diff += memcmp(&again[e], &first[i][e], sizeof(double)) != 0;
         if (diff)
             fc_test_fail(__FILE__, __LINE__, "%s: %lld elements differ between %d and %d threads",
                          names[i], (long long)diff, c->threads, c->threads2);

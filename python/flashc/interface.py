@@ -791,8 +791,9 @@ _SCALARS = (int, float, bool, type(None))
 class _Recipe:
     """One public function's prepared calls: its op, the C entry point and its args
     struct, the struct's names of the tensors the function passes (in that order) and of
-    the outputs the op describes, the map of C names in an error message to the function's, and the positions of the
-    tensors the op mutates (whose version counters a call moves, as _call does)."""
+    the outputs the op describes, the map of C names in an error message to the
+    function's, and the positions of the tensors the op mutates (whose version counters
+    a call moves, as _call does)."""
 
     def __init__(self, op, entry, struct, fields, outputs, rename=None):
         self.op, self.entry, self.struct, self.fields = op, entry, struct, fields

@@ -26,10 +26,10 @@
  * while this one computes (they sit a head stride apart, beyond the reach of
  * the hardware prefetchers), except in narrow tiles whose rows lie end to end.
  *
- * Narrow tiles (decode, at most FC_FWD_ROW_NQ columns) on a path with the row
- * ops (AVX-512) skip both GEMMs: Q K^T by dot products on K's rows, P V by
- * adding V's rows scaled by P, each row read where it lies and widened in
- * registers (no fp32 copy of Kj or Vj), for every dtype (bf16 with bf16 dot
+ * Narrow tiles (decode: a sequence of at most FC_FWD_ROW_NQ columns a kv head) on a
+ * path with the row ops (AVX-512) skip both GEMMs: Q K^T by dot products on K's
+ * rows, P V by adding V's rows scaled by P, each row read where it lies and widened
+ * in registers (no fp32 copy of Kj or Vj), for every dtype (bf16 with bf16 dot
  * products up to FC_FWD_ROW_NQ_DOT columns); P stays fp32 there, bf16's too.
  *
  * bf16 on a path with bf16 dot products (AVX512_BF16), other tiles: both GEMMs
@@ -132,16 +132,16 @@ static fc_fwd_tiles fc_fwd_pick_tiles(int64_t D) {
     return fc_fwd_tile_table[n - 1];
 }
 
-/* Tiles of at most this many query columns (decode: G * Sq of a GQA group, or
- * the Sq rows of one head) run by rows on a path whose table has dot_rows and
- * axpy_rows (AVX-512), in every dtype: Q K^T with dot_rows (fc_fwd_scores), each
- * K row read where it lies and widened in registers, one dot product per query
- * column (1.3-1.46x gemm_nt's transposed panels on fp16 decode), and P V with
- * axpy_rows (fc_fwd_pv_rows), each V row read in place and added to the nq rows
- * of Oi (bench/NOTES.md has both). Not on AVX2: its gemm_nt transposes 8 x 8
- * blocks, and with K streaming from memory (32 heads x 1k..4k keys, fp32) that
- * was 15-25% slower than gemm_nn's narrow columns, though 6-12% faster from
- * cache (bench/NOTES.md). */
+/* Sequences of at most this many query columns a kv head (decode: G * Sq of a GQA
+ * group, or the Sq rows of one head) run by rows on a path whose table has
+ * dot_rows and axpy_rows (AVX-512), in every dtype: Q K^T with dot_rows
+ * (fc_fwd_scores), each K row read where it lies and widened in registers, one
+ * dot product per query column (1.3-1.46x gemm_nt's transposed panels on fp16
+ * decode), and P V with axpy_rows (fc_fwd_pv_rows), each V row read in place and
+ * added to the nq rows of Oi (bench/NOTES.md has both). Not on AVX2: its gemm_nt
+ * transposes 8 x 8 blocks, and with K streaming from memory (32 heads x 1k..4k
+ * keys, fp32) that was 15-25% slower than gemm_nn's narrow columns, though 6-12%
+ * faster from cache (bench/NOTES.md). */
 #define FC_FWD_ROW_NQ 8
 _Static_assert(FC_FWD_ROW_NQ == FC_SPLIT_MIN_SQ, "a split problem's tiles are wide (simd.h)");
 /* The bound for bf16 on the bf16 dot-product path (AVX512_BF16), whose GEMMs run
