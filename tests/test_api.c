@@ -397,14 +397,19 @@ FC_TEST(api_simd) {
 }
 
 /* A workspace sized under one SIMD path serves every other (fwd.c, bwd.c
- * reserve the largest layout a CPU's paths use), bf16 included, whose amx
- * forward has its own tiles. */
+ * reserve the largest layout a CPU's paths use), bf16 and fp16 included, whose
+ * amx paths have their own tiles (and fp16's split its own buffers). */
 FC_TEST(api_workspace_same_on_every_path) {
     const flashc_simd orig = flashc_simd_active();
-    const int64_t lens[] = {1, 7, 300, 2048}; /* 2048: the amx forward's tall tiles */
-    for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
+    const int64_t lens[] = {1, 7, 300, 2048}; /* 2048: the amx path's big tiles */
+    for (size_t i = 0; i < 2 * sizeof lens / sizeof *lens; i++) {
         ta_prob t;
-        ta_make(&t, lens[i]);
+        ta_make(&t, lens[i / 2]);
+        if (i % 2) { /* the same problem in fp16 (2-byte elements too) */
+            flashc_tensor *h[] = {&t.f.q,    &t.f.k,  &t.f.v,  &t.f.out, &t.b.q, &t.b.k, &t.b.v,
+                                  &t.b.out, &t.b.dout, &t.b.dq, &t.b.dk,  &t.b.dv};
+            for (size_t k = 0; k < sizeof h / sizeof *h; k++) h[k]->dtype = FLASHC_DTYPE_FP16;
+        }
         size_t fwd0 = 0, bwd0 = 0;
         int first = 1;
         for (int s = 0; s < FLASHC_SIMD_COUNT; s++) {
@@ -419,9 +424,9 @@ FC_TEST(api_workspace_same_on_every_path) {
                 first = 0;
             } else if (fwd != fwd0 || bwd != bwd0) {
                 fc_test_fail(__FILE__, __LINE__,
-                             "S=%lld: path %s needs fwd %zu / bwd %zu bytes, the first path %zu / %zu",
-                             (long long)lens[i], flashc_simd_name((flashc_simd)s), fwd, bwd, fwd0,
-                             bwd0);
+                             "%s S=%lld: path %s needs fwd %zu / bwd %zu bytes, the first path "
+                             "%zu / %zu", i % 2 ? "fp16" : "bf16", (long long)lens[i / 2],
+                             flashc_simd_name((flashc_simd)s), fwd, bwd, fwd0, bwd0);
             }
         }
         ta_free(&t);
