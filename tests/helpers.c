@@ -207,6 +207,14 @@ double *th_to_double(const flashc_tensor *t) {
     return d;
 }
 
+int64_t th_bits_differ(const flashc_tensor *t, const double *first) {
+    double *again = th_to_double(t);
+    int64_t n = th_numel(t), diff = 0;
+    for (int64_t e = 0; e < n; e++) diff += memcmp(&again[e], &first[e], sizeof(double)) != 0;
+    free(again);
+    return diff;
+}
+
 int th_check(const char *what, flashc_dtype dt, const flashc_tensor *got, const double *ref64,
              const double *lowp) {
     double *g = th_to_double(got);

@@ -91,6 +91,8 @@ void th_fill_view(const flashc_tensor *t, double lo, double hi);
 void th_store_dense(const flashc_tensor *t, const double *src);
 /* Dense double copy of a view, logical row-major (malloc'd). */
 double *th_to_double(const flashc_tensor *t);
+/* Elements of the view whose bits differ from first (an earlier th_to_double of it). */
+int64_t th_bits_differ(const flashc_tensor *t, const double *first);
 /* fc_check_close of a view against dense references. */
 int th_check(const char *what, flashc_dtype dt, const flashc_tensor *got, const double *ref64,
              const double *lowp);

@@ -156,10 +156,7 @@ static void bw_body(const bw_case *c, th_arena *ar) {
     }
     if (c->repeat)
         for (int g = 0; g < 3; g++) {
-            double *again = (double *)th_keep(ar, th_to_double(grads[g]));
-            int64_t n = th_numel(grads[g]), diff = 0;
-            for (int64_t e = 0; e < n; e++)
-                diff += memcmp(&again[e], &first[g][e], sizeof(double)) != 0;
+            int64_t diff = th_bits_differ(grads[g], first[g]);
             if (diff)
                 fc_test_fail(__FILE__, __LINE__, "%s: %lld elements differ between two runs",
                              g == 0 ? "dq" : g == 1 ? "dk" : "dv", (long long)diff);

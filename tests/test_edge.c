@@ -187,14 +187,12 @@ static void en_path(const en_case *c, flashc_simd simd, const uint16_t *qkvd, ui
         res[nn + nl + i] = fc_get(o + nn, FLASHC_DTYPE_FP16, i);
 }
 
-static void en_run(const void *param) {
-    const en_case *c = (const en_case *)param;
+static void en_body(const en_case *c, th_arena *ar) {
     const int64_t nn = c->S * EN_H * EN_D, nl = EN_H * c->S, R = 4 * nn + nl;
-    th_arena ar = {0};
-    uint16_t *qkvd = (uint16_t *)th_keep(&ar, malloc((size_t)(4 * nn) * sizeof(uint16_t)));
-    uint16_t *o = (uint16_t *)th_keep(&ar, malloc((size_t)(4 * nn) * sizeof(uint16_t)));
-    float *l = (float *)th_keep(&ar, malloc((size_t)nl * sizeof(float)));
-    double *r0 = th_dbl(&ar, R), *r1 = th_dbl(&ar, R), *one = th_dbl(&ar, R);
+    uint16_t *qkvd = (uint16_t *)th_keep(ar, malloc((size_t)(4 * nn) * sizeof(uint16_t)));
+    uint16_t *o = (uint16_t *)th_keep(ar, malloc((size_t)(4 * nn) * sizeof(uint16_t)));
+    float *l = (float *)th_keep(ar, malloc((size_t)nl * sizeof(float)));
+    double *r0 = th_dbl(ar, R), *r1 = th_dbl(ar, R), *one = th_dbl(ar, R);
     FC_ASSERT_TRUE(qkvd && o && l && r0 && r1 && one);
     static const char *what[] = {"out", "lse", "dq", "dk", "dv"};
     for (int64_t i = 0; i < 4 * nn; i++)
@@ -239,6 +237,11 @@ static void en_run(const void *param) {
                          flashc_simd_name((flashc_simd)s), moved);
     }
     flashc_set_simd(saved);
+}
+
+static void en_run(const void *param) {
+    th_arena ar = {0};
+    en_body((const en_case *)param, &ar);
     th_arena_free(&ar);
 }
 

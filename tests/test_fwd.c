@@ -284,7 +284,8 @@ FC_TEST_REGISTER(fwd_sweep) {
     fwd_add(FLASHC_DTYPE_FP32, 1, 17, 1000, 2, 2, 96, o);
     fwd_add(FLASHC_DTYPE_BF16, 3, 113, 257, 2, 1, 64, fwd_option(11))->conv_ws = 1;
     // the amx path's tall tiles (fwd.c: no mask, at least two tiles of 512 query rows a
-    // head, enough tasks for the threads), a short last tile; bf16, and fp16 split
+    // head, enough tasks for the threads), a short last tile: bf16; fp16's split keeps
+    // 256-row tiles on the same shape
     o = (th_opts)TH_OPTS_NONE;
     o.softcap = 1.5f;
     fwd_add(FLASHC_DTYPE_BF16, 1, 1100, 300, 8, 2, 72, o)->threads = 2;

@@ -124,10 +124,7 @@ static void hd_body(const hd_case *c, th_arena *ar) {
         FC_ASSERT_OK(fc_ref_bwd_dsink(&a, &p, FC_REF_LOWP, rlp[3]));
     }
     for (int i = 0; i < ng; i++) {
-        const double *again = (double *)th_keep(ar, th_to_double(g[i]));
-        int64_t diff = 0;
-        for (int64_t e = 0; e < n[i]; e++)
-            diff += memcmp(&again[e], &first[i][e], sizeof(double)) != 0;
+        int64_t diff = th_bits_differ(g[i], first[i]);
         if (diff)
             fc_test_fail(__FILE__, __LINE__, "%s: %lld elements differ between two runs", names[i],
                          (long long)diff);

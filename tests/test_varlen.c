@@ -109,10 +109,7 @@ static void vl_again(const vl_case *c, th_arena *ar, vl_call *k, char *log1, int
     free(log2);
     FC_ASSERT_OK(k->st);
     for (int i = 0; i < n; i++) {
-        const double *again = (double *)th_keep(ar, th_to_double(outs[i]));
-        int64_t diff = 0, m = th_numel(outs[i]);
-        for (int64_t e = 0; e < m; e++)
-            diff += memcmp(&again[e], &first[i][e], sizeof(double)) != 0;
+        int64_t diff = th_bits_differ(outs[i], first[i]);
         if (diff)
             fc_test_fail(__FILE__, __LINE__, "%s: %lld elements differ between %d and %d threads",
                          names[i], (long long)diff, c->threads, c->threads2);

@@ -210,8 +210,10 @@ static inline int fc_split_runs(const fc_attn *a, const fc_simd_ops *ops) {
  * a block is taken per) times that many blocks leave at least 4 a thread. Bigger
  * tiles repack K and V less often (fwd.c, bwd.c). Either choice gives the same bits,
  * so the thread count, which the rule reads, never shows in a result: the forward's
- * GQA packing keeps the 256-row bound (fwd.c pack_br), the backward sums dQ over 128
- * keys at a time (bwd.c FC_BWD_DQ_KEYS); test_varlen.c compares 1 and 5 threads. */
+ * GQA packing keeps the 256-row bound (fwd.c pack_br), rows or tiles is a sequence's
+ * choice (fc_fwd_task), fp16's split keeps 256-row tiles (fc_fwd_amx_pick), and the
+ * backward sums dQ over 128 keys at a time (bwd.c FC_BWD_DQ_KEYS); test_varlen.c
+ * and test_edge.c compare 1 and 5 threads. */
 static inline int fc_amx_big_tiles(const fc_attn *a, int64_t len, int64_t big, int64_t units) {
     int64_t per = len / big;
     return a->window_left < 0 && a->window_right < 0 && per >= 2 &&
