@@ -10,8 +10,8 @@ Both sides get the same inputs in their own layout (flashc (B, S, H, D), torch
 (B, H, S, D), each contiguous), the same thread count (flashc_set_num_threads and
 torch.set_num_threads), and torch is held to its flash-attention CPU kernel
 (sdpa_kernel(FLASH_ATTENTION); GQA through enable_gqa). Each timed row is the
-median of --reps runs after one warm-up; flashc and torch alternate run by run,
-so a load that comes and goes hits both.
+median of --reps runs after one warm-up (torch's of twice that in decode); flashc
+and torch alternate run by run, so a load that comes and goes hits both.
 
 torch's OpenMP threads spin for a while after each parallel region (libgomp's default
 wait policy), on the cores flashc's pool needs next: alternating at 2 threads on 2 cores
@@ -26,16 +26,24 @@ Modes:
            the forward's FLOPs
   decode   one query token per sequence over a full cache of --decode-keys keys
            (flash_attn_with_kvcache, no append, against SDPA on the same K/V); the
-           figure is the call's time in microseconds, median of blocks of calls
+           figure is the call's time, median of blocks of calls. A third timing,
+           flashc_lib_ms, is the library's own call on the same tensors
+           (flashc_fwd_kvcache through ctypes, its args struct filled once, no
+           softmax_lse, the library's own workspace): what a caller in C or C++ pays
+           (plus ctypes' ~1 us), without the Python package's per-call work. It must
+           write the package's out (else the run stops). Each flashc-side timing runs
+           right after a torch sample (package, torch, library, torch), so torch's
+           figure is the median of twice --reps samples
 
 Every timed shape is checked first: the largest |flashc - torch| over out (and
 dq, dk, dv for fwdbwd) goes to the CSV's max_diff column. CSV columns: mode,
 dtype, threads, batch, heads, kv_heads, headdim, seqlen_q, seqlen_k, causal,
 flashc_ms, torch_ms, speedup (torch_ms / flashc_ms), flashc_tflops,
-torch_tflops, max_diff.
+torch_tflops, max_diff, flashc_lib_ms (decode only).
 """
 import argparse
 import csv
+import ctypes
 import os
 import statistics
 import sys
@@ -43,7 +51,7 @@ import time
 
 COLUMNS = ["mode", "dtype", "threads", "batch", "heads", "kv_heads", "headdim", "seqlen_q",
            "seqlen_k", "causal", "flashc_ms", "torch_ms", "speedup", "flashc_tflops",
-           "torch_tflops", "max_diff"]
+           "torch_tflops", "max_diff", "flashc_lib_ms"]
 
 
 def parse_list(text, kind=int):
@@ -60,7 +68,8 @@ def flops(mode, b, h, sq, sk, d, causal):
 
 
 class Bench:
-    """The two callers of one shape, built once, timed alternately."""
+    """The callers of one shape (flashc, torch, and for decode the library's own call),
+    built once, timed alternately."""
 
     def __init__(self, args):
         import torch
@@ -97,15 +106,37 @@ class Bench:
                 x.requires_grad_(True)
         return tensors
 
+    def lib_caller(self, q, k, v, causal):
+        """A zero-argument function that calls flashc_fwd_kvcache itself on q, k, v (the
+        args struct and params filled once, as a C caller would keep them) and returns
+        the out it writes."""
+        torch, _lib = self.torch, self.flashc._lib
+        out = torch.full_like(q, float("nan"))  # a call that writes nothing fails the check
+        args = _lib.KvcacheArgs()
+        for name, t in (("q", q), ("k_cache", k), ("v_cache", v), ("out", out)):
+            _lib.describe_into(getattr(args, name), t, name)
+        params = _lib.params(q.device, causal=int(causal))
+        fn, ra, rp = self.lib.flashc_fwd_kvcache, ctypes.byref(args), ctypes.byref(params)
+
+        def run_c(_keep=(q, k, v)):  # the struct points into q, k, v: kept alive here
+            status = fn(ra, rp, None, 0)
+            if status != _lib.OK:
+                raise RuntimeError(self.lib.flashc_last_error().decode())
+            return out
+        return run_c
+
     def callers(self, mode, dt, b, h, hk, sq, sk, d, causal):
-        """Two zero-argument functions (flashc, torch) and the largest difference of
-        their results (out, and the gradients for fwdbwd)."""
+        """The zero-argument functions to time (flashc, torch, and for decode the
+        library's own call) and the largest difference of their results (out, and the
+        gradients for fwdbwd)."""
         torch, flashc = self.torch, self.flashc
         grad = mode == "fwdbwd"
         q, k, v, qt, kt, vt = self.inputs(dt, b, h, hk, sq, sk, d, grad)
+        fns = ()
         if mode == "decode":
             def run_f():
                 return flashc.flash_attn_with_kvcache(q, k, v, causal=causal)
+            fns = (self.lib_caller(q, k, v, causal),)
 
             def run_t():
                 return self.sdpa(qt, kt, vt, causal)
@@ -132,30 +163,39 @@ class Bench:
                 return qt.grad, kt.grad, vt.grad
         with torch.no_grad() if not grad else torch.enable_grad():
             rf, rt = run_f(), run_t()
+            # the library's own call must write what the package's call returns
+            for fn in fns:
+                if not torch.equal(fn(), rf):
+                    raise RuntimeError("the library's own call gave another out")
         if mode != "fwdbwd":
             rf, rt = (rf,), (rt.transpose(1, 2),)
         else:
             rt = tuple(x.transpose(1, 2) for x in rt)
         diff = max((a.float() - c.float()).abs().max().item() for a, c in zip(rf, rt))
-        return run_f, run_t, diff
+        return (run_f, run_t) + fns, diff
 
-    def time_pair(self, run_f, run_t, reps, calls):
-        """Median seconds per call of each, alternating; `calls` calls per sample."""
-        samples = ([], [])
+    def time_all(self, fns, reps, calls):
+        """Median seconds per call of each function (fns[1] is torch's), alternating with
+        torch's: each of the others runs right after a torch sample, so that each starts
+        from the same caches (the library's own call reads what the package's does, and
+        would find it warm right after it); `calls` calls per sample."""
+        samples = tuple([] for _ in fns)
         for rep in range(reps + 1):
-            for i, fn in enumerate((run_f, run_t)):
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                if rep:  # the first round is the warm-up
-                    samples[i].append((time.perf_counter() - t0) / calls)
-        return statistics.median(samples[0]), statistics.median(samples[1])
+            for i in [0] + list(range(2, len(fns))):
+                for j in (i, 1):
+                    t0 = time.perf_counter()
+                    for _ in range(calls):
+                        fns[j]()
+                    if rep:  # the first round is the warm-up
+                        samples[j].append((time.perf_counter() - t0) / calls)
+        return [statistics.median(x) for x in samples]
 
     def row(self, mode, dtype, threads, b, h, hk, sq, sk, d, causal):
         torch = self.torch
         self.set_threads(threads)
         dt = self.dtypes[dtype]
-        run_f, run_t, diff = self.callers(mode, dt, b, h, hk, sq, sk, d, causal)
+        fns, diff = self.callers(mode, dt, b, h, hk, sq, sk, d, causal)
+        run_t = fns[1]
         # enough calls per sample that a sample lasts ~20 ms (decode calls take µs)
         calls = 1
         if mode == "decode":
@@ -165,14 +205,16 @@ class Bench:
                 one = max(time.perf_counter() - t0, 1e-6)
             calls = max(1, min(2000, int(0.02 / one)))
         with torch.no_grad() if mode != "fwdbwd" else torch.enable_grad():
-            tf, tt = self.time_pair(run_f, run_t, self.args.reps, calls)
+            times = self.time_all(fns, self.args.reps, calls)
+        tf, tt = times[0], times[1]
         fl = flops(mode, b, h, sq, sk, d, causal)
         return {"mode": mode, "dtype": dtype, "threads": threads, "batch": b, "heads": h,
                 "kv_heads": hk, "headdim": d, "seqlen_q": sq, "seqlen_k": sk,
                 "causal": int(causal), "flashc_ms": f"{tf * 1e3:.4f}",
                 "torch_ms": f"{tt * 1e3:.4f}", "speedup": f"{tt / tf:.3f}",
                 "flashc_tflops": f"{fl / tf / 1e12:.4f}", "torch_tflops": f"{fl / tt / 1e12:.4f}",
-                "max_diff": f"{diff:.3g}"}
+                "max_diff": f"{diff:.3g}",
+                "flashc_lib_ms": f"{times[2] * 1e3:.4f}" if len(times) > 2 else ""}
 
 
 def shapes(args):
@@ -204,7 +246,8 @@ def run(args):
     if writer:
         writer.writeheader()
     print(" ".join(f"{c:>9}" for c in ["mode", "dtype", "thr", "H/KV", "D", "S", "causal",
-                                       "flashc_ms", "torch_ms", "speedup", "max_diff"]))
+                                       "flashc_ms", "torch_ms", "speedup", "max_diff",
+                                       "lib_ms"]))
     for shape in shapes(args):
         r = bench.row(*shape)
         if writer:
@@ -213,7 +256,8 @@ def run(args):
         print(" ".join(f"{x:>9}" for x in [r["mode"], r["dtype"], r["threads"],
                                            f"{r['heads']}/{r['kv_heads']}", r["headdim"],
                                            r["seqlen_k"], r["causal"], r["flashc_ms"],
-                                           r["torch_ms"], r["speedup"], r["max_diff"]]),
+                                           r["torch_ms"], r["speedup"], r["max_diff"],
+                                           r["flashc_lib_ms"] or "-"]),
               flush=True)
     if out:
         out.close()
@@ -258,7 +302,8 @@ def main():
     p.add_argument("--max-bwd-seqlen", type=int, default=4096,
                    help="fwdbwd rows only up to this S (8k costs minutes a row on 2 cores)")
     p.add_argument("--decode-keys", default="1024,4096,8192")
-    p.add_argument("--reps", type=int, default=5, help="timed runs per side (median), >= 5")
+    p.add_argument("--reps", type=int, default=5, help="timed runs per side (median; torch's twice that "
+                   "in decode), >= 5")
     p.add_argument("--omp-active", action="store_true",
                    help="leave OMP_WAIT_POLICY as it is (torch's threads spin between calls)")
     p.add_argument("--csv")
