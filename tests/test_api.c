@@ -434,6 +434,33 @@ FC_TEST(api_workspace_same_on_every_path) {
     FC_EXPECT_STATUS(flashc_set_simd(orig), FLASHC_OK);
 }
 
+/* A workspace sized for the longest sequence serves every shorter one: the forward's
+ * size never falls as max_seqlen_k grows (fwd.c reserves a kv head's copy for tall
+ * tiles up to a bound, then stays at it). Only the size is queried: no data is read. */
+FC_TEST(api_workspace_grows_with_seqlen_k) {
+    const int64_t sks[] = {1000, 4000, 8191, 8192, 8193, 12000, 40000};
+    static uint16_t dummy[64];
+    size_t last = 0;
+    for (size_t i = 0; i < sizeof sks / sizeof *sks; i++) {
+        int64_t qs[4] = {1, 1100, 8, 128}, ks[4] = {1, sks[i], 1, 128};
+        flashc_fwd_args a;
+        memset(&a, 0, sizeof a);
+        a.abi = FLASHC_ABI_VERSION;
+        a.q = flashc_tensor_contiguous(dummy, FLASHC_DTYPE_BF16, 4, qs, FLASHC_DEVICE_CPU);
+        a.k = flashc_tensor_contiguous(dummy, FLASHC_DTYPE_BF16, 4, ks, FLASHC_DEVICE_CPU);
+        a.v = a.k;
+        a.out = flashc_tensor_contiguous(dummy, FLASHC_DTYPE_BF16, 4, qs, FLASHC_DEVICE_CPU);
+        flashc_params p = flashc_params_default();
+        size_t bytes = 0;
+        FC_EXPECT_STATUS(flashc_fwd_workspace_size(&a, &p, &bytes), FLASHC_OK);
+        if (bytes < last)
+            fc_test_fail(__FILE__, __LINE__,
+                         "Sk=%lld needs %zu bytes, less than the %zu of Sk=%lld",
+                         (long long)sks[i], bytes, last, (long long)sks[i - 1]);
+        last = bytes;
+    }
+}
+
 FC_TEST(api_simd_bad) {
     const flashc_simd orig = flashc_simd_active();
     const flashc_simd bad[] = {FLASHC_SIMD_COUNT, (flashc_simd)-1, (flashc_simd)99};

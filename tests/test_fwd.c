@@ -13,6 +13,7 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "support/reference.h"
@@ -172,6 +173,92 @@ static void fwd_run(const void *param) {
     if (!th_env_enter(&env)) return;
     th_arena ar = {0};
     fwd_body(c, &ar);
+    th_arena_free(&ar);
+    th_env_leave(&env);
+}
+
+// ---- one workspace for several calls ----
+/* A model's layers call the forward again and again with one workspace and new K
+ * and V at the same places. The second call's out and lse must be right, and those
+ * of a fresh workspace bit for bit: the amx path's tall tiles keep a copy of a kv
+ * head in the workspace with the (b, hk) it holds (fwd.c, fc_fwd_head_kv), which a
+ * call must not take from the call before. MQA, so that every tile of both calls has
+ * (b, hk) = (0, 0); and the workspace zeroed between the calls, which reads as
+ * holding (0, 0) too (th_ws_new's 0xff poison reads as none). */
+typedef struct fwd_reuse_case {
+    int simd, threads;
+} fwd_reuse_case;
+
+typedef struct fwd_reuse_call {
+    const flashc_fwd_args *a;
+    const flashc_params *p;
+    void *ws;
+    size_t bytes;
+    flashc_status st;
+} fwd_reuse_call;
+
+static void fwd_reuse_call_run(void *ctx) {
+    fwd_reuse_call *k = (fwd_reuse_call *)ctx;
+    k->st = flashc_fwd(k->a, k->p, k->ws, k->bytes);
+}
+
+static void fwd_reuse_body(th_arena *ar) {
+    const flashc_dtype dt = FLASHC_DTYPE_BF16;
+    const int64_t B = 1, Sq = 1100, Sk = 600, H = 8, Hk = 1, D = 64;
+    int64_t qs[4] = {B, Sq, H, D}, ks[4] = {B, Sk, Hk, D};
+    flashc_fwd_args a;
+    memset(&a, 0, sizeof a);
+    a.abi = FLASHC_ABI_VERSION;
+    a.q = th_new(th_buf_in(ar), dt, 4, qs, TH_CONTIG, -3.0, 3.0);
+    a.k = th_new(th_buf_in(ar), dt, 4, ks, TH_CONTIG, -1.0, 1.0);
+    a.v = th_new(th_buf_in(ar), dt, 4, ks, TH_CONTIG, -1.0, 1.0);
+    a.out = th_new_out(th_buf_in(ar), dt, 4, qs, TH_CONTIG);
+    a.softmax_lse = th_new_out(th_buf_in(ar), FLASHC_DTYPE_FP32, 3, (int64_t[]){B, H, Sq},
+                               TH_CONTIG);
+    flashc_params p = th_params(&(th_opts)TH_OPTS_NONE);
+    size_t bytes = 0;
+    FC_ASSERT_OK(flashc_fwd_workspace_size(&a, &p, &bytes));
+    void *ws = th_ws_new(bytes);
+    fwd_reuse_call call = {&a, &p, ws, bytes, FLASHC_OK};
+    char *log = th_capture_log("1", fwd_reuse_call_run, &call);
+    if (call.st == FLASHC_OK && flashc_simd_active() == FLASHC_SIMD_AMX &&
+        !(log && strstr(log, "head_kv=1")))
+        fc_test_fail(__FILE__, __LINE__, "the amx path took no copy of a kv head: %s",
+                     log ? log : "(no log)");
+    free(log);
+    memset(ws, 0, bytes);
+    th_fill_view(&a.k, -1.0, 1.0); /* new K and V where the first call's were */
+    th_fill_view(&a.v, -1.0, 1.0);
+    if (call.st == FLASHC_OK) call.st = flashc_fwd(&a, &p, ws, bytes);
+    th_ws_free(ws, bytes);
+    FC_ASSERT_OK(call.st);
+    double *out = (double *)th_keep(ar, th_to_double(&a.out));
+    double *lse = (double *)th_keep(ar, th_to_double(&a.softmax_lse));
+
+    int64_t nq = B * Sq * H * D, nl = B * H * Sq;
+    double *o64 = th_dbl(ar, nq), *olp = th_dbl(ar, nq), *l64 = th_dbl(ar, nl),
+           *llp = th_dbl(ar, nl);
+    FC_ASSERT_OK(fc_ref_fwd(&a, &p, FC_REF_F64, o64, l64, NULL));
+    FC_ASSERT_OK(fc_ref_fwd(&a, &p, FC_REF_LOWP, olp, llp, NULL));
+    th_check("out", dt, &a.out, o64, olp);
+    th_check("lse", FLASHC_DTYPE_FP32, &a.softmax_lse, l64, llp);
+
+    ws = th_ws_new(bytes);
+    flashc_status s = flashc_fwd(&a, &p, ws, bytes);
+    th_ws_free(ws, bytes);
+    FC_ASSERT_OK(s);
+    int64_t dout = th_bits_differ(&a.out, out), dlse = th_bits_differ(&a.softmax_lse, lse);
+    if (dout || dlse)
+        fc_test_fail(__FILE__, __LINE__, "a reused workspace gave other bits than a fresh one: "
+                     "%lld out and %lld lse elements", (long long)dout, (long long)dlse);
+}
+
+static void fwd_reuse_run(const void *param) {
+    const fwd_reuse_case *c = (const fwd_reuse_case *)param;
+    th_env env = {c->simd, c->threads, FLASHC_SIMD_SCALAR};
+    if (!th_env_enter(&env)) return;
+    th_arena ar = {0};
+    fwd_reuse_body(&ar);
     th_arena_free(&ar);
     th_env_leave(&env);
 }
@@ -365,6 +452,14 @@ FC_TEST_REGISTER(fwd_sweep) {
             c->simd = (i + big) % FLASHC_SIMD_COUNT;
             c->threads = 1 + (i + big) % 2;
         }
+
+    static const fwd_reuse_case reuse[4] = {
+        {FLASHC_SIMD_AMX, 1}, {FLASHC_SIMD_AMX, 2}, {FLASHC_SIMD_AVX512, 1}, {-1, 3}};
+    for (int i = 0; i < 4; i++) {
+        char name[96] = "fwd/ws_reused/bf16/sq1100/sk600/h8:1";
+        th_env_name(name, sizeof name, reuse[i].simd, reuse[i].threads);
+        fc_test_add(name, fwd_reuse_run, &reuse[i]);
+    }
 
     for (int i = 0; i < fwd_ncases; i++) {
         const fwd_case *k = &fwd_cases[i];

@@ -440,6 +440,27 @@ FC_TEST_REGISTER(varlen_sweep) {
         c->other_tiles = i != 1;
     }
 
+    // ---- the amx path's tall tiles read a thread's copy of their kv head (fwd.c:
+    // fc_fwd_head_kv): sequences of odd key counts, an odd D with another Dv (the copy's
+    // zero pad), a short sequence's heads packed into one tile, ALiBi, packed and paged
+    // K and V; on 1 then 2 threads, the same bits (both take the tall tiles) ----
+    for (int i = 0; i < 2; i++) {
+        th_opts o = TH_OPTS_NONE;
+        o.alibi = 2;
+        c = vl_add(FLASHC_DTYPE_BF16, 0, 4, 2, 65, o);
+        c->Dv = 80;
+        c->nseq = 3;
+        c->lq[0] = 1100;
+        c->lk[0] = 1101;
+        c->lq[1] = 40;
+        c->lk[1] = 333;
+        c->lq[2] = 1030;
+        c->lk[2] = 1999;
+        c->page = i ? 16 : 0;
+        c->threads = 1;
+        c->threads2 = 2;
+    }
+
     // ---- backward ----
     for (int i = 0; i < 10; i++) {
         static const int bsets[5] = {0, 1, 4, 3, 6}; /* the empty set 6 gets options 4, 9 */

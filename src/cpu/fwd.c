@@ -117,13 +117,35 @@ static const fc_fwd_tiles fc_fwd_tile_table[] = {
 static const fc_fwd_tiles fc_fwd_amx_tiles = {INT64_MAX, 256, 256};
 enum { FC_FWD_AMX_TALL_BR = 512 };
 
+static int fc_fwd_amx_tall(const fc_attn *a) {
+    return a->dtype == FLASHC_DTYPE_BF16 &&
+           fc_amx_big_tiles(a, a->max_seqlen_q, FC_FWD_AMX_TALL_BR, a->batch * a->heads);
+}
+
 static fc_fwd_tiles fc_fwd_amx_pick(const fc_attn *a) {
     fc_fwd_tiles t = fc_fwd_amx_tiles;
-    if (a->dtype == FLASHC_DTYPE_BF16 &&
-        fc_amx_big_tiles(a, a->max_seqlen_q, FC_FWD_AMX_TALL_BR, a->batch * a->heads))
-        t.Br = FC_FWD_AMX_TALL_BR;
+    if (fc_fwd_amx_tall(a)) t.Br = FC_FWD_AMX_TALL_BR;
     return t;
 }
+
+/* A tall tile reads its kv head's K and V block by block where they lie: K's rows
+ * a head stride apart (2 KB at 8 heads of D 128), read again by each of the head's
+ * tiles, and each block of V packed into pairs again for each tile. A head's tasks
+ * come one after another (fc_fwd_task's order), so a thread copies the kv head's K
+ * rows end to end and packs V's pairs once (fc_fwd_head_kv), and the tiles of that
+ * kv head it takes next (the G query heads' too) read the copy; on several threads
+ * each thread makes its own. The products are the same, so are the bits. Same-run
+ * A/B on the 2-core Intel VM with AMX, 8 heads, D 128, one thread: S 2k 27.8-28.5 ->
+ * 24.3-26.3 ms, S 4k 104.9-112.3 -> 93.0-99.4; two threads S 4k 53.8-55.1 ->
+ * 48.5-50.2; GQA 8/2 and D 64 4-7% (bench/NOTES.md, session 40). Causal tiles (256
+ * rows) gained nothing (S 8k: 243 -> 250), so the copy is the tall tiles'. It holds
+ * at most p->head_rows keys: FC_FWD_HEAD_KV_BYTES a thread (8k keys at D 128) and
+ * FC_FWD_HEAD_KV_TOTAL over the pool's threads, which bound the workspace; a longer
+ * sequence's tiles read in place. The keys reserved grow with max_seqlen_k up to
+ * that bound and stay there, so a workspace sized for a longest sequence serves
+ * every shorter one. */
+#define FC_FWD_HEAD_KV_BYTES (4u << 20)
+#define FC_FWD_HEAD_KV_TOTAL (128u << 20)
 
 static fc_fwd_tiles fc_fwd_pick_tiles(int64_t D) {
     size_t n = sizeof fc_fwd_tile_table / sizeof fc_fwd_tile_table[0];
@@ -173,6 +195,9 @@ enum {
     FC_FWD_LSE2,  /* (ldq)      m + log2 l, for attn_probs */
     FC_FWD_SR,    /* (FC_FWD_ROW_NQ, Bc) S of a narrow tile, queries down */
     FC_FWD_ROWP,  /* (2 Bc) addresses of Kj's and Vj's rows for a narrow tile's row ops */
+    FC_FWD_HEAD_K, /* pairs: (head_rows, ldq2) a kv head's K rows (p->head_kv) */
+    FC_FWD_HEAD_V, /* pairs: ((head_rows + 1) / 2, ldd) its V, rows 2q and 2q+1 */
+    FC_FWD_HEAD_B, /* int64 (2): the (b, hk) they hold, -1 for none */
     FC_FWD_NBUF
 };
 
@@ -189,6 +214,8 @@ typedef struct fc_fwd_plan {
     int rows_nq;             /* tiles of at most this many columns: Q K^T by rows */
     int64_t kvg;             /* kv heads a narrow task may own (fc_fwd_kv_per_task) */
     int rows_dot;            /* narrow tiles' Q K^T on bf16 dot products (dot_rows_bf16) */
+    int64_t head_rows;       /* keys a thread's copy of a kv head holds (0: none reserved) */
+    int head_kv;             /* tall tiles of sequences of at most head_rows keys read it */
     size_t buf[FC_FWD_NBUF]; /* byte offsets inside one thread's scratch */
     size_t thread_bytes;     /* one thread's scratch, whole cache lines */
     int nthreads;
@@ -267,6 +294,15 @@ static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_pl
     size_t f = sizeof(float), D = (size_t)a->head_dim, Br = (size_t)r.Br, Bc = (size_t)r.Bc;
     size_t ldq = (Br + 15) / 16 * 16, lds = (Bc + 15) / 16 * 16, ldp2 = ((Bc + 1) / 2 + 15) / 16 * 16;
     size_t qt = D * ldq * f, st = Bc * ldq * f, p2 = bf16 ? (Bc + 1) / 2 * ldq * f : 0;
+    /* the kv head's copy where a tall tile could take it (on any path of an AMX CPU):
+     * as many keys as its bound allows, in pairs, at most max_seqlen_k */
+    size_t pair_bytes = (2 * (size_t)p->ldq2 + (size_t)p->ldd) * sizeof(uint32_t);
+    size_t head_cap = FC_FWD_HEAD_KV_TOTAL / (size_t)fc_cpu_num_threads();
+    head_cap = head_cap < FC_FWD_HEAD_KV_BYTES ? head_cap : FC_FWD_HEAD_KV_BYTES;
+    int64_t head_rows = (int64_t)(head_cap / pair_bytes) * 2;
+    head_rows = head_rows < a->max_seqlen_k ? head_rows : a->max_seqlen_k;
+    p->head_rows = amx_cpu && fc_fwd_amx_tall(a) ? head_rows : 0;
+    p->head_kv = p->head_rows > 0 && p->qdown && p->Br == FC_FWD_AMX_TALL_BR;
     if (bf16 || fp16) { /* the queries-down layout's; fp16's: hi, then lo */
         size_t halves = fp16 ? 2 : 1;
         qt = qt > halves * Br * p->ldq2 * f ? qt : halves * Br * p->ldq2 * f;
@@ -286,6 +322,9 @@ static void fc_fwd_plan_make(const fc_attn *a, const fc_simd_ops *ops, fc_fwd_pl
         [FC_FWD_LSE2] = ldq * f,
         [FC_FWD_SR] = (size_t)FC_FWD_ROW_NQ * Bc * f,
         [FC_FWD_ROWP] = 2 * Bc * sizeof(const void *),
+        [FC_FWD_HEAD_K] = (size_t)p->head_rows * (size_t)p->ldq2 * sizeof(uint32_t),
+        [FC_FWD_HEAD_V] = (size_t)(p->head_rows + 1) / 2 * (size_t)p->ldd * sizeof(uint32_t),
+        [FC_FWD_HEAD_B] = p->head_rows ? 2 * sizeof(int64_t) : 0,
     };
     p->thread_bytes = fc_ws_layout(FC_FWD_NBUF, sizes, p->buf);
     double kv_bytes = (double)a->batch * (double)a->max_seqlen_k * (double)a->kv_heads *
@@ -337,6 +376,8 @@ typedef struct fc_fwd_tile {
     int64_t jlo, jhi;         /* keys some row sees */
     int64_t jlo_all, jhi_all; /* keys every row sees */
     float *qt, *o, *st, *k, *v, *m, *l, *alpha, *lse2, *sr;
+    uint32_t *head_k, *head_v; /* the thread's copy of a kv head (p->head_kv) */
+    int64_t *head_b;           /* the (b, hk) it holds */
     const void **rowp;
     uint32_t *p2;  /* pairs */
     int nonfinite; /* split: an input of the tile held inf or NaN */
@@ -701,6 +742,28 @@ static const uint32_t *fc_fwd_v_pairs(const fc_fwd_ctx *x, fc_fwd_tile *t, int64
     return v2;
 }
 
+/* The thread's copy of the tile's kv head (p->head_kv, t->sk <= p->head_rows): K's
+ * t->sk rows end to end, ldq2 words apart, and V in pairs of keys, ldd words apart,
+ * as fc_fwd_k_pairs and fc_fwd_v_pairs give a block (a tall tile's blocks start at
+ * even keys). Made when the thread's copy holds another (b, hk). */
+static void fc_fwd_head_kv(const fc_fwd_ctx *x, fc_fwd_tile *t) {
+    const fc_attn *a = x->a;
+    const fc_fwd_plan *p = x->plan;
+    if (t->head_b[0] == t->b && t->head_b[1] == t->hk) return;
+    const int D = (int)a->head_dim, Dv = (int)a->head_dim_v;
+    for (int64_t r = 0; r < t->sk; r++) {
+        uint16_t *dst = (uint16_t *)(t->head_k + (size_t)r * p->ldq2);
+        memcpy(dst, fc_fwd_kvrow(a, &a->k, t, r), (size_t)D * sizeof(uint16_t));
+        if (D & 1) dst[D] = 0;
+    }
+    for (int64_t r = 0; r < t->sk; r += 2)
+        x->ops->pack_pairs(FLASHC_DTYPE_BF16, Dv, fc_fwd_kvrow(a, &a->v, t, r),
+                           r + 1 < t->sk ? fc_fwd_kvrow(a, &a->v, t, r + 1) : NULL,
+                           t->head_v + (size_t)(r / 2) * p->ldd);
+    t->head_b[0] = t->b;
+    t->head_b[1] = t->hk;
+}
+
 /* Oi += P Vj with bf16 dot products: P^T rounded to bf16 (as FlashAttention-2
  * does on the GPU; l already has the fp32 P) and Vj, both in pairs of keys. */
 static void fc_fwd_pv_dot(const fc_fwd_ctx *x, fc_fwd_tile *t, int64_t j0, int nk, int edge) {
@@ -824,9 +887,16 @@ static void fc_fwd_qdown_block(const fc_fwd_ctx *x, fc_fwd_tile *t, int64_t j0, 
     const fc_fwd_plan *p = x->plan;
     const fc_simd_ops *ops = x->ops;
     const int Dv = (int)a->head_dim_v;
-    int ldk;
-    const uint32_t *klo, *k2 = fc_fwd_k_pairs(x, t, j0, nk, &ldk, &klo);
-    const uint32_t *vlo, *v2 = fc_fwd_v_pairs(x, t, j0, nk, &vlo);
+    int ldk = p->ldq2;
+    const uint32_t *klo = NULL, *vlo = NULL, *k2, *v2;
+    if (p->head_kv && t->sk <= p->head_rows) {
+        fc_fwd_head_kv(x, t);
+        k2 = t->head_k + (size_t)j0 * p->ldq2;
+        v2 = t->head_v + (size_t)(j0 / 2) * p->ldd;
+    } else {
+        k2 = fc_fwd_k_pairs(x, t, j0, nk, &ldk, &klo);
+        v2 = fc_fwd_v_pairs(x, t, j0, nk, &vlo);
+    }
     int plain = !edge && x->sc.cap_log2 == 0.0f && !a->alibi && x->qmul > 0.0f;
     int strip = edge && t->nh == 1 ? FC_FWD_QSTRIP : t->nq;
     for (int r0 = 0; r0 < t->nq; r0 += strip) {
@@ -922,6 +992,9 @@ static void fc_fwd_task(void *vctx, int64_t task, int thread) {
     t.alpha = (float *)(s + p->buf[FC_FWD_ALPHA]);
     t.lse2 = (float *)(s + p->buf[FC_FWD_LSE2]);
     t.p2 = (uint32_t *)(s + p->buf[FC_FWD_P2]);
+    t.head_k = (uint32_t *)(s + p->buf[FC_FWD_HEAD_K]);
+    t.head_v = (uint32_t *)(s + p->buf[FC_FWD_HEAD_V]);
+    t.head_b = (int64_t *)(s + p->buf[FC_FWD_HEAD_B]);
     t.nonfinite = 0;
 
     for (int c = 0; c < t.nq; c++)
@@ -1077,7 +1150,7 @@ flashc_status fc_cpu_fwd(const fc_attn *a, void *ws, size_t ws_bytes) {
     }
 
     fc_fwd_plan plain = p; /* the same tiles and workspace, fp32 products */
-    plain.split = plain.tiles = plain.qdown = 0;
+    plain.split = plain.tiles = plain.qdown = plain.head_kv = 0;
     fc_fwd_ctx x = {
         .a = a,
         .ops = ops,
@@ -1099,9 +1172,16 @@ flashc_status fc_cpu_fwd(const fc_attn *a, void *ws, size_t ws_bytes) {
                                i * a->probs_s_row,
                            0, (size_t)a->max_seqlen_k * sizeof(float));
 
-    FC_LOG("cpu fwd: simd=%s bf16_dot=%d queries_down=%d Br=%d Bc=%d tasks=%lld threads=%d",
-           flashc_simd_name(flashc_simd_active()), p.dot, p.qdown, p.Br, p.Bc,
+    FC_LOG("cpu fwd: simd=%s bf16_dot=%d queries_down=%d Br=%d Bc=%d head_kv=%d tasks=%lld "
+           "threads=%d",
+           flashc_simd_name(flashc_simd_active()), p.dot, p.qdown, p.Br, p.Bc, p.head_kv,
            (long long)task0[a->batch], p.nthreads);
+    if (p.head_kv) /* no thread holds a kv head yet (the workspace may be an earlier call's) */
+        for (int th = 0; th < p.nthreads; th++) {
+            int64_t *held = (int64_t *)(x.scratch + (size_t)th * p.thread_bytes +
+                                        p.buf[FC_FWD_HEAD_B]);
+            held[0] = held[1] = -1;
+        }
     fc_pool_run_on(task0[a->batch], p.nthreads, fc_fwd_task, &x);
     return FLASHC_OK;
 }
