@@ -230,3 +230,59 @@ FC_TEST_REGISTER(rows_ops) {
         fc_test_add(name, rw_run, &rw_dtypes[i]);
     }
 }
+
+/* softmax_rows_bf16 (the amx path's row softmax, fwd.c's queries-down tiles) sums a
+ * row the same whatever masked keys (-inf) follow its last one: a tall tile's edge
+ * block carries more of them than a 256-row tile's, and the thread count picks the
+ * tile. For lengths n around the 16- and 32-lane chunks and 1..40 such keys after
+ * them, m, l, alpha and the n bf16 probabilities (and an odd n's zero pad) must be
+ * bit for bit those of the n keys alone; each row starts from a running m and l. */
+FC_TEST(rows_softmax_bf16_masked_tail) {
+    const flashc_simd orig = flashc_simd_active();
+    enum { M = 3, NMAX = 256, LDP = NMAX / 2 };
+    static const int ns[] = {1, 15, 16, 17, 31, 33, 47, 49, 100, 152, 200};
+    static const int extras[] = {1, 7, 8, 16, 17, 24, 40};
+    static float x[M * NMAX];
+    static uint32_t p2a[M * LDP], p2b[M * LDP];
+    for (int s = 0; s < FLASHC_SIMD_COUNT; s++) {
+        if (!flashc_simd_supported((flashc_simd)s) ||
+            flashc_set_simd((flashc_simd)s) != FLASHC_OK)
+            continue;
+        const fc_simd_ops *ops = fc_simd();
+        if (!ops->softmax_rows_bf16 || (flashc_cpu_features() & ops->bf16_cpu) != ops->bf16_cpu)
+            continue;
+        for (int in = 0; in < FC_COUNT(ns); in++)
+            for (int ie = 0; ie < FC_COUNT(extras); ie++) {
+                const int n = ns[in], n2 = n + extras[ie];
+                if (n2 > NMAX) continue;
+                for (int i = 0; i < M * NMAX; i++)
+                    x[i] = (float)(fc_rand_u64() % 4001) / 500.0f - 4.0f;
+                for (int r = 0; r < M; r++)
+                    for (int c = n; c < NMAX; c++) x[r * NMAX + c] = -INFINITY;
+                float ma[M], la[M], aa[M], mb[M], lb[M], ab[M];
+                for (int r = 0; r < M; r++) {
+                    ma[r] = mb[r] = 2.0f - (float)r;
+                    la[r] = lb[r] = 1.5f + (float)r;
+                }
+                memset(p2a, 0xff, sizeof p2a);
+                memset(p2b, 0xff, sizeof p2b);
+                ops->softmax_rows_bf16(M, n, x, NMAX, 0.75f, ma, la, aa, p2a, NULL, LDP);
+                ops->softmax_rows_bf16(M, n2, x, NMAX, 0.75f, mb, lb, ab, p2b, NULL, LDP);
+                for (int r = 0; r < M; r++) {
+                    const uint16_t *pa = (const uint16_t *)(p2a + r * LDP),
+                                   *pb = (const uint16_t *)(p2b + r * LDP);
+                    int same = memcmp(&ma[r], &mb[r], sizeof(float)) == 0 &&
+                               memcmp(&la[r], &lb[r], sizeof(float)) == 0 &&
+                               memcmp(&aa[r], &ab[r], sizeof(float)) == 0 &&
+                               memcmp(pa, pb, (size_t)(n + (n & 1)) * sizeof(uint16_t)) == 0;
+                    if (!same)
+                        fc_test_fail(__FILE__, __LINE__,
+                                     "%s: row %d of %d keys differs with %d masked keys after them "
+                                     "(l %.9g against %.9g)",
+                                     flashc_simd_name((flashc_simd)s), r, n, extras[ie],
+                                     (double)la[r], (double)lb[r]);
+                }
+            }
+    }
+    FC_EXPECT_STATUS(flashc_set_simd(orig), FLASHC_OK);
+}

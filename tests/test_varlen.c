@@ -440,6 +440,33 @@ FC_TEST_REGISTER(varlen_sweep) {
         c->other_tiles = i != 1;
     }
 
+    // ---- causal tall tiles (no window bounds the keys on the left; four a head) on 1
+    // thread, 256-row ones on 9: with Sq < Sk a tall tile's last key block runs longer
+    // than a 256-row tile's (more masked keys after a row's last: the smaller tile's last
+    // block has 152 keys, 24 past whole chunks of 32, the larger's 256), and its edge
+    // blocks are whole blocks of the smaller tile; the scale's place and the row sums
+    // must not show it (fwd.c fc_fwd_qdown_block, simd_avx512.c softmax_rows_bf16). The
+    // second case has a window bounded on the right only. Both fail with the scale's
+    // place by tile; the sums' order shows only in the second's bits (2 lse elements),
+    // so test_rows.c checks the row softmax itself ----
+    for (int i = 0; i < 2; i++) {
+        th_opts o = TH_OPTS_NONE;
+        if (i) {
+            o.wr = 8;
+        } else {
+            o.causal = 1;
+        }
+        c = vl_add(FLASHC_DTYPE_BF16, 0, 4, 4, 64, o);
+        c->nseq = 2;
+        c->lq[0] = 2100;
+        c->lk[0] = i ? 2500 : 2508; /* keys a row sees past its own: 408 either way */
+        c->lq[1] = 600;
+        c->lk[1] = 1000;
+        c->threads = 1;
+        c->threads2 = 9;
+        c->other_tiles = 1;
+    }
+
     // ---- the amx path's tall tiles read a thread's copy of their kv head (fwd.c:
     // fc_fwd_head_kv): sequences of odd key counts, an odd D with another Dv (the copy's
     // zero pad), a short sequence's heads packed into one tile, ALiBi, packed and paged

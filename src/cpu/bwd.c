@@ -103,15 +103,17 @@ static const fc_bwd_tile_size fc_bwd_tile_table[] = {
  * 0.98, 0.89x the time, causal 0.98, 0.98, 0.89x; 128 x 256 was 0.84-0.92x
  * without a mask but 1.05-1.07x with a causal one at D <= 128 (bench/NOTES.md). */
 static const fc_bwd_tile_size fc_bwd_amx_tiles = {INT64_MAX, 128, 128};
-/* So 128 x FC_BWD_AMX_WIDE_BC where simd.h's fc_amx_big_tiles allows (no mask,
- * two such key blocks a KV head, enough of them for the threads: the two-pass
- * schedule's first pass takes one a task): bf16, S 1k-2k, 0.93-0.98x the time
- * (bench/NOTES.md, session 39); 256 x 256 and 64 x 256 were slower. */
+/* So 128 x FC_BWD_AMX_WIDE_BC where no mask is set (checked here) and simd.h's
+ * fc_amx_big_tiles allows (two such key blocks a KV head, enough of them for the
+ * threads: the two-pass schedule's first pass takes one a task): bf16, S 1k-2k,
+ * 0.93-0.98x the time (bench/NOTES.md, session 39); 256 x 256 and 64 x 256 were
+ * slower. */
 enum { FC_BWD_AMX_WIDE_BC = 256 };
 
 static fc_bwd_tile_size fc_bwd_amx_pick(const fc_attn *a) {
     fc_bwd_tile_size t = fc_bwd_amx_tiles;
-    if (fc_amx_big_tiles(a, a->max_seqlen_k, FC_BWD_AMX_WIDE_BC, a->batch * a->kv_heads))
+    if (a->window_left < 0 && a->window_right < 0 &&
+        fc_amx_big_tiles(a->max_seqlen_k, FC_BWD_AMX_WIDE_BC, 2, a->batch * a->kv_heads))
         t.bc = FC_BWD_AMX_WIDE_BC;
     return t;
 }

@@ -106,9 +106,12 @@ static const fc_fwd_tiles fc_fwd_tile_table[] = {
  * 0.84x the time of 128 x 128 at D 128, 0.97x and 0.90x of 128 x 192 at D 64
  * and 256; 512 x 256 another 0.91-0.95x without a mask, but 1.1x at S = 1k
  * with a causal one (bench/NOTES.md, session 35). So tiles of
- * FC_FWD_AMX_TALL_BR rows where simd.h's fc_amx_big_tiles allows (no mask, two
- * such tiles a head: at S 512 no gain; enough tasks for the threads):
- * 0.90-0.97x the time at S 1k-4k (bench/NOTES.md, session 39). Every row's
+ * FC_FWD_AMX_TALL_BR rows where simd.h's fc_amx_big_tiles allows (two such tiles
+ * a head: at S 512 no gain; enough tasks for the threads) and no window bounds the
+ * keys on the left: 0.90-0.97x the time at S 1k-4k without a mask (bench/NOTES.md,
+ * session 39); with a causal one, and the kv head's copy below, 0.83-0.93x at S
+ * 2k-8k but 1.02x at S 1k, so there four such tiles a head (session 40). A local
+ * window's tiles see few keys each and keep 256 rows. Every row's
  * scores, softmax and products are the same in either tile, so out and lse
  * are too, bit for bit, as long as the same rows pack (p->pack_br) and run by
  * rows (fc_fwd_task: a sequence's choice, not a tile's). bf16 only: fp16's
@@ -118,8 +121,9 @@ static const fc_fwd_tiles fc_fwd_amx_tiles = {INT64_MAX, 256, 256};
 enum { FC_FWD_AMX_TALL_BR = 512 };
 
 static int fc_fwd_amx_tall(const fc_attn *a) {
-    return a->dtype == FLASHC_DTYPE_BF16 &&
-           fc_amx_big_tiles(a, a->max_seqlen_q, FC_FWD_AMX_TALL_BR, a->batch * a->heads);
+    int64_t min_blocks = a->window_right < 0 ? 2 : 4; /* a causal S 1k: 1.02x the time */
+    return a->dtype == FLASHC_DTYPE_BF16 && a->window_left < 0 &&
+           fc_amx_big_tiles(a->max_seqlen_q, FC_FWD_AMX_TALL_BR, min_blocks, a->batch * a->heads);
 }
 
 static fc_fwd_tiles fc_fwd_amx_pick(const fc_attn *a) {
@@ -137,8 +141,8 @@ static fc_fwd_tiles fc_fwd_amx_pick(const fc_attn *a) {
  * each thread makes its own. The products are the same, so are the bits. Same-run
  * A/B on the 2-core Intel VM with AMX, 8 heads, D 128, one thread: S 2k 27.8-28.5 ->
  * 24.3-26.3 ms, S 4k 104.9-112.3 -> 93.0-99.4; two threads S 4k 53.8-55.1 ->
- * 48.5-50.2; GQA 8/2 and D 64 4-7% (bench/NOTES.md, session 40). Causal tiles (256
- * rows) gained nothing (S 8k: 243 -> 250), so the copy is the tall tiles'. It holds
+ * 48.5-50.2; GQA 8/2 and D 64 4-7% (bench/NOTES.md, session 40). 256-row causal
+ * tiles gained nothing (S 8k: 243 -> 250), so the copy is the tall tiles'. It holds
  * at most p->head_rows keys: FC_FWD_HEAD_KV_BYTES a thread (8k keys at D 128) and
  * FC_FWD_HEAD_KV_TOTAL over the pool's threads, which bound the workspace; a longer
  * sequence's tiles read in place. The keys reserved grow with max_seqlen_k up to
@@ -897,7 +901,10 @@ static void fc_fwd_qdown_block(const fc_fwd_ctx *x, fc_fwd_tile *t, int64_t j0, 
         k2 = fc_fwd_k_pairs(x, t, j0, nk, &ldk, &klo);
         v2 = fc_fwd_v_pairs(x, t, j0, nk, &vlo);
     }
-    int plain = !edge && x->sc.cap_log2 == 0.0f && !a->alibi && x->qmul > 0.0f;
+    /* the scores' factor goes into the softmax where no modifier needs the scaled
+     * scores, edge blocks too: a block is an edge of a tall tile where it is whole for
+     * a 256-row one, and the two must scale a row's scores the same way */
+    int plain = x->sc.cap_log2 == 0.0f && !a->alibi && x->qmul > 0.0f;
     int strip = edge && t->nh == 1 ? FC_FWD_QSTRIP : t->nq;
     for (int r0 = 0; r0 < t->nq; r0 += strip) {
         int rn = t->nq - r0 < strip ? t->nq - r0 : strip, ka = 0, kb = nk;

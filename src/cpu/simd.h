@@ -205,19 +205,23 @@ static inline int fc_split_runs(const fc_attn *a, const fc_simd_ops *ops) {
 }
 
 /* Whether the amx path's tiles grow to `big` rows along a sequence of length len
- * (the forward's query rows, the backward's keys): where no row is masked (no causal
- * mask or window), the sequence holds at least two such blocks, and units (the heads
- * a block is taken per) times that many blocks leave at least 4 a thread. Bigger
- * tiles repack K and V less often (fwd.c, bwd.c). Either choice gives the same bits,
- * so the thread count, which the rule reads, never shows in a result: the forward's
+ * (the forward's query rows, the backward's keys): the sequence holds at least
+ * min_blocks such blocks, and units (the heads a block is taken per) times that many
+ * blocks leave at least 4 a thread; which masks allow them is the caller's (the
+ * forward's: none bounded on the left, causal included; the backward's: none). Bigger tiles
+ * repack K and V less often (fwd.c, bwd.c). Either choice gives the same bits, so
+ * the thread count, which the rule reads, never shows in a result: the forward's
  * GQA packing keeps the 256-row bound (fwd.c pack_br), rows or tiles is a sequence's
- * choice (fc_fwd_task), fp16's split keeps 256-row tiles (fc_fwd_amx_pick), and the
- * backward sums dQ over 128 keys at a time (bwd.c FC_BWD_DQ_KEYS); test_varlen.c
- * and test_edge.c compare 1 and 5 threads. */
-static inline int fc_amx_big_tiles(const fc_attn *a, int64_t len, int64_t big, int64_t units) {
+ * choice (fc_fwd_task), a block's scores are scaled in one place whether or not the
+ * tile masks it (fc_fwd_qdown_block), the row sums do not depend on how many masked
+ * keys a block carries (softmax_rows_bf16), fp16's split keeps 256-row tiles
+ * (fc_fwd_amx_pick), and the backward sums dQ over 128 keys at a time (bwd.c
+ * FC_BWD_DQ_KEYS); test_varlen.c and test_edge.c compare 1 thread with 5 or 9,
+ * test_rows.c the row softmax with more masked keys. */
+static inline int fc_amx_big_tiles(int64_t len, int64_t big, int64_t min_blocks,
+                                   int64_t units) {
     int64_t per = len / big;
-    return a->window_left < 0 && a->window_right < 0 && per >= 2 &&
-           units * per >= 4 * (int64_t)fc_cpu_num_threads();
+    return per >= min_blocks && units * per >= 4 * (int64_t)fc_cpu_num_threads();
 }
 
 /* Tables of the paths; a path's table is NULL when the build lacks it. */

@@ -450,11 +450,17 @@ static void fc_avx512_softmax_rows_bf16(int M, int N, const float *x, int ld, fl
                     _mm512_storeu_si512((void *)(lo + c), (__m512i)_mm512_cvtne2ps_pbh(l1, l0));
                 }
             }
+            /* the last chunk's 16 lanes into the sum its place in a 32 takes (s0 or
+             * s1), so that a row sums the same with more masked keys after it (a
+             * tall tile's edge block is longer than a 256-row tile's) */
             for (; c < N; c += 16) {
                 __mmask16 k = fc_mask(N - c);
                 __m512 e0 =
                     fc_exp2_upto(_mm512_fmsub_ps(_mm512_mask_loadu_ps(ninf, k, row + c), vxs, u));
-                s0 = _mm512_add_ps(s0, e0);
+                if (c % 32)
+                    s1 = _mm512_add_ps(s1, e0);
+                else
+                    s0 = _mm512_add_ps(s0, e0);
                 __m256i h = (__m256i)_mm512_cvtneps_pbh(e0);
                 _mm256_mask_storeu_epi16(out + c, k, h);
                 if (lo)
