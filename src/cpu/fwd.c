@@ -556,6 +556,19 @@ static void fc_fwd_scores_rows(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_
     }
 }
 
+/* K's rows [j0, j0+nk) copied as bf16 pairs into dst, ld words apart, an odd D
+ * with a zero high half. */
+static void fc_fwd_copy_k(const fc_fwd_ctx *x, const fc_fwd_tile *t, int64_t j0, int nk,
+                          uint32_t *dst, int ld) {
+    const fc_attn *a = x->a;
+    const int D = (int)a->head_dim;
+    for (int r = 0; r < nk; r++) {
+        uint16_t *row = (uint16_t *)(dst + (size_t)r * ld);
+        memcpy(row, fc_fwd_kvrow(a, &a->k, t, j0 + r), (size_t)D * sizeof(uint16_t));
+        if (D & 1) row[D] = 0;
+    }
+}
+
 /* Kj's rows [j0, j0+nk) as bf16 pairs, *ldk words apart: in place when whole
  * pairs lie evenly spaced (not paged, D and the row stride even); else copied
  * into t->k, an odd D with a zero high half. fp16 (p->split): each row split
@@ -581,14 +594,9 @@ static const uint32_t *fc_fwd_k_pairs(const fc_fwd_ctx *x, fc_fwd_tile *t, int64
         *ldk = (int)(a->k.s_seq / 2);
         return (const uint32_t *)k0;
     }
-    uint32_t *kc = (uint32_t *)t->k;
-    for (int r = 0; r < nk; r++) {
-        uint16_t *dst = (uint16_t *)(kc + (size_t)r * x->plan->ldd);
-        memcpy(dst, fc_fwd_kvrow(a, &a->k, t, j0 + r), (size_t)D * sizeof(uint16_t));
-        if (D & 1) dst[D] = 0;
-    }
-    *ldk = x->plan->ldd;
-    return kc;
+    fc_fwd_copy_k(x, t, j0, nk, (uint32_t *)t->k, ldd);
+    *ldk = ldd;
+    return (const uint32_t *)t->k;
 }
 
 /* S^T of keys [j0, j0+nk) with softcap and ALiBi applied, masked where
@@ -724,46 +732,45 @@ static void fc_fwd_probs(const fc_fwd_ctx *x, fc_fwd_tile *t) {
                    (size_t)(a->max_seqlen_k - t->sk) * sizeof(float));
 }
 
-/* Vj's rows [j0, j0+nk) in pairs of keys (rows 2q and 2q+1 in one row of
- * words, ldd apart), into t->v. fp16 (p->split): split, hi there and lo Bc / 2
- * rows on (the amx tiles' Bc is even), returned in *vlo. */
-static const uint32_t *fc_fwd_v_pairs(const fc_fwd_ctx *x, fc_fwd_tile *t, int64_t j0,
-                                      int nk, const uint32_t **vlo) {
+/* V's rows [j0, j0+nk) in pairs of keys (rows 2q and 2q+1 in one row of words,
+ * ldd apart) into v2; with lo (fp16, split) split, hi into v2 and lo into lo. */
+static void fc_fwd_pack_v(const fc_fwd_ctx *x, fc_fwd_tile *t, int64_t j0, int nk, uint32_t *v2,
+                          uint32_t *lo) {
     const fc_attn *a = x->a;
     const fc_fwd_plan *p = x->plan;
-    uint32_t *v2 = (uint32_t *)t->v, *lo = v2 + (size_t)(p->Bc / 2) * p->ldd;
-    *vlo = p->split ? lo : NULL;
     for (int r = 0; r < nk; r += 2) {
         const void *v0 = fc_fwd_kvrow(a, &a->v, t, j0 + r);
         const void *v1 = r + 1 < nk ? fc_fwd_kvrow(a, &a->v, t, j0 + r + 1) : NULL;
         size_t row = (size_t)(r / 2) * p->ldd;
-        if (p->split)
+        if (lo)
             t->nonfinite |= x->ops->split(FLASHC_DTYPE_FP16, (int)a->head_dim_v, v0, v1, 1,
                                           v2 + row, lo + row);
         else
             x->ops->pack_pairs(FLASHC_DTYPE_BF16, (int)a->head_dim_v, v0, v1, v2 + row);
     }
+}
+
+/* Vj's rows [j0, j0+nk) in pairs of keys into t->v (fc_fwd_pack_v). fp16
+ * (p->split): split, hi there and lo Bc / 2 rows on (the amx tiles' Bc is even),
+ * returned in *vlo. */
+static const uint32_t *fc_fwd_v_pairs(const fc_fwd_ctx *x, fc_fwd_tile *t, int64_t j0,
+                                      int nk, const uint32_t **vlo) {
+    const fc_fwd_plan *p = x->plan;
+    uint32_t *v2 = (uint32_t *)t->v, *lo = p->split ? v2 + (size_t)(p->Bc / 2) * p->ldd : NULL;
+    fc_fwd_pack_v(x, t, j0, nk, v2, lo);
+    *vlo = lo;
     return v2;
 }
 
-/* The thread's copy of the tile's kv head (p->head_kv, t->sk <= p->head_rows): K's
- * t->sk rows end to end, ldq2 words apart, and V in pairs of keys, ldd words apart,
- * as fc_fwd_k_pairs and fc_fwd_v_pairs give a block (a tall tile's blocks start at
- * even keys). Made when the thread's copy holds another (b, hk). */
+/* The thread's copy of the tile's kv head (p->head_kv, t->sk <= p->head_rows, which
+ * fits an int): K's t->sk rows end to end, ldq2 words apart, and V in pairs of keys,
+ * ldd words apart, as fc_fwd_k_pairs and fc_fwd_v_pairs give a block (a tall tile's
+ * blocks start at even keys; bf16 only, never split). Made when the thread's copy
+ * holds another (b, hk). */
 static void fc_fwd_head_kv(const fc_fwd_ctx *x, fc_fwd_tile *t) {
-    const fc_attn *a = x->a;
-    const fc_fwd_plan *p = x->plan;
     if (t->head_b[0] == t->b && t->head_b[1] == t->hk) return;
-    const int D = (int)a->head_dim, Dv = (int)a->head_dim_v;
-    for (int64_t r = 0; r < t->sk; r++) {
-        uint16_t *dst = (uint16_t *)(t->head_k + (size_t)r * p->ldq2);
-        memcpy(dst, fc_fwd_kvrow(a, &a->k, t, r), (size_t)D * sizeof(uint16_t));
-        if (D & 1) dst[D] = 0;
-    }
-    for (int64_t r = 0; r < t->sk; r += 2)
-        x->ops->pack_pairs(FLASHC_DTYPE_BF16, Dv, fc_fwd_kvrow(a, &a->v, t, r),
-                           r + 1 < t->sk ? fc_fwd_kvrow(a, &a->v, t, r + 1) : NULL,
-                           t->head_v + (size_t)(r / 2) * p->ldd);
+    fc_fwd_copy_k(x, t, 0, (int)t->sk, t->head_k, x->plan->ldq2);
+    fc_fwd_pack_v(x, t, 0, (int)t->sk, t->head_v, NULL);
     t->head_b[0] = t->b;
     t->head_b[1] = t->hk;
 }
