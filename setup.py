@@ -14,13 +14,20 @@ earlier `pip install .` (FLASHC_CUDA=OFF, a compiler not found) never carries ov
 and building a configuration again is incremental. With $FLASHC_LIBRARY set, that
 library is shipped instead and nothing is built.
 
+The same build makes flashc._fastcall (python/flashc/_fastcall.c, the package's
+prepared calls in C) where CMake finds this Python's headers, and it goes in beside
+the library (with $FLASHC_LIBRARY, the _fastcall.abi3.so beside that library, if
+any); without it the package runs those calls in Python.
+
 The wheel's name. The version is flashc.h's with a local label saying what the
 library holds: 0.4.0+cpu, 0.4.0+cu130 (nvcc's release, as torch names its builds),
 or 0.4.0+cuda for a $FLASHC_LIBRARY with CUDA (a library does not say its toolkit).
 The library built is checked against it (flashc_version, flashc_cuda_compiled)
-before it goes in. The tags are py3-none-<platform>: the wheel holds a native
-library for this platform, but nothing in it links Python or torch (the package
-loads the library with ctypes), so one wheel serves every Python 3 and torch.
+before it goes in. The tags are cp39-abi3-<platform> with _fastcall, else
+py3-none-<platform>: the wheel holds native code for this platform, but the library
+links neither Python nor torch (the package loads it with ctypes) and _fastcall is
+built on CPython's stable ABI and links neither either, so one wheel serves every
+Python 3 (3.9 on) and every torch.
 
 What a user sees. pip shows a build backend's output only with -v (or when the build
 fails); without it, a spinner. So while pip captures the output, the build also
@@ -139,12 +146,16 @@ def configuration(env):
         cuda = nvcc is not None
         why = ("nvcc found: %s" % nvcc if cuda else
                "no nvcc found ($CUDACXX, PATH, $CUDA_PATH/bin, /usr/local/cuda/bin)")
-    cmake = ["-DCMAKE_BUILD_TYPE=Release", "-DFLASHC_BUILD_TESTS=OFF", "-DFLASHC_BUILD_TOOLS=OFF"]
+    cmake = ["-DCMAKE_BUILD_TYPE=Release", "-DFLASHC_BUILD_TESTS=OFF", "-DFLASHC_BUILD_TOOLS=OFF",
+             "-DPython3_EXECUTABLE=" + sys.executable]
     cmake += (["-DFLASHC_CUDA=ON", "-DCMAKE_CUDA_COMPILER=" + nvcc] if cuda else
               ["-DFLASHC_CUDA=OFF"])
     cmake += extra
     label = cuda_label(nvcc) if cuda else "cpu"
-    key = hashlib.sha1("\0".join(cmake).encode()).hexdigest()[:8]
+    # the folder's hash leaves out the building Python: each venv (python -m build, uv:
+    # one per build) would otherwise start from scratch; _fastcall is on the stable ABI
+    key = hashlib.sha1("\0".join(c for c in cmake if not c.startswith("-DPython3_EXECUTABLE="))
+                       .encode()).hexdigest()[:8]
     return {"label": label, "why": why, "cmake": cmake,
             "build": os.path.join(ROOT, "build", "pip-%s-%s" % (label, key))}
 
@@ -231,20 +242,38 @@ class BuildWithLibrary(build_py):
                 "A full CUDA build takes 3-5 min on 2 cores (docs/BUILD.md); `pip install -v .` "
                 "shows each step" if cuda else "CPU backend only, under a minute"))
             run_logged(["cmake", "-S", ROOT, "-B", build] + conf["cmake"], Progress(None))
-            run_logged(["cmake", "--build", build, "--target", "flashc", "-j",
-                        str(os.cpu_count() or 2)], progress if cuda else Progress(None))
+            # (the default targets: the library, and _fastcall where CMake made it one; an
+            # earlier build's _fastcall goes first, so that only this one's is shipped)
+            stale = os.path.join(build, FASTCALL)
+            if os.path.exists(stale):
+                os.remove(stale)
+            run_logged(["cmake", "--build", build, "-j", str(os.cpu_count() or 2)],
+                       progress if cuda else Progress(None))
             lib = os.path.join(build, "libflashc.so")
             progress.say("flashc: libflashc.so built in %s" %
                          minutes(time.monotonic() - progress.start))
         check_library(lib, release(), conf["label"])
         shutil.copyfile(lib, os.path.join(self.build_lib, "flashc", "libflashc.so"))
+        fast = os.path.join(os.path.dirname(lib), FASTCALL)
+        shipped = os.path.join(self.build_lib, "flashc", FASTCALL)
+        if os.path.isfile(fast):
+            shutil.copyfile(fast, shipped)
+        elif os.path.exists(shipped):  # an earlier run's
+            os.remove(shipped)
+
+
+# flashc._fastcall's file as CMake names it (python/flashc/_lib.py looks for it)
+FASTCALL = "_fastcall.abi3.so"
 
 
 class PlatformWheel(bdist_wheel):
-    """py3-none-<platform>: a native library that links no Python (see the top)."""
+    """cp39-abi3-<platform> with _fastcall, else py3-none-<platform> (see the top)."""
 
     def get_tag(self):
-        return ("py3", "none", super().get_tag()[2])
+        plat = super().get_tag()[2]
+        build_lib = self.get_finalized_command("build_py").build_lib
+        fast = os.path.isfile(os.path.join(build_lib, "flashc", FASTCALL))
+        return ("cp39", "abi3", plat) if fast else ("py3", "none", plat)
 
 
 class SourceOnly(sdist):

@@ -6,8 +6,9 @@
 # program against it (tests/install/run.sh: CMake's find_package and pkg-config,
 # shared and static), rebuilds with ASan + UBSan and runs the CPU test suite
 # there, runs the Python package's tests (pytest, in a venv with PyPI's torch that
-# scripts/venv.sh makes once in .venv) against the Release library, and ends with
-# the C suite in Release.
+# scripts/venv.sh makes once in .venv) against the Release library and the package's
+# _fastcall module built beside it (FLASHC_FASTCALL=1: required), and ends with the C
+# suite in Release.
 # First it checks that the files and functions docs/ names exist (tools/check_docs.py)
 # and that the generated CUDA sources are what the generators make from the tuning
 # tables now (tools/gen_instances.py --check, tools/gen_wgmma.py --check).
@@ -24,7 +25,7 @@ python3 tools/gen_instances.py --check
 python3 tools/gen_wgmma.py --check
 
 echo "== build (Release) =="
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)"
 cmake --build build -j"$jobs"
 
 echo "== install: cmake --install build, a program built against it (find_package, pkg-config) =="
@@ -40,7 +41,8 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
 
 echo "== Python tests (pytest on tests/python, CPU tensors; the venv takes ~2 min the first time) =="
 py=$(bash scripts/venv.sh)
-FLASHC_LIBRARY=build/libflashc.so PYTHONPATH=python "$py" -m pytest tests/python -q -p no:cacheprovider
+FLASHC_FASTCALL=1 FLASHC_LIBRARY=build/libflashc.so PYTHONPATH=python "$py" -m pytest tests/python -q \
+  -p no:cacheprovider
 
 echo "== tests (Release) =="
 ./build/flashc_tests

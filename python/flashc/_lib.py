@@ -186,9 +186,69 @@ ENTRY_FUNCTIONS = {name: (getattr(lib, name), getattr(lib, name + "_workspace_si
                    for name in ENTRY_POINTS}
 
 
+# _fastcall.c's module as CMake and `pip install .` name it (the stable ABI's suffix),
+# and the protocol (its FC_PROTOCOL: setup's arguments, the key's and the entry's
+# layout) this package speaks
+FASTCALL_FILE = "_fastcall.abi3.so"
+FASTCALL_PROTOCOL = 1
+
+
+def _load_fastcall():
+    """flashc._fastcall (_fastcall.c: the prepared calls of interface.py in C) from the
+    folder the library was loaded from, where `pip install .` and a CMake build put it
+    beside libflashc.so; None where there is none, where it does not load, or where it
+    speaks another protocol (another checkout's), and interface.py runs the prepared
+    calls in Python. $FLASHC_FASTCALL=0 leaves it out; =1 requires it (ImportError
+    without it), as ./test.sh does."""
+    want = os.environ.get("FLASHC_FASTCALL", "")
+    if want == "0":
+        return None
+    path = os.path.join(os.path.dirname(lib._name), FASTCALL_FILE)
+    why = "%s is missing: build it with the library (CMake finds Python's headers: the " \
+          "python3-dev package)" % path
+    if os.path.exists(path):
+        import importlib.machinery
+        import importlib.util
+        try:
+            loader = importlib.machinery.ExtensionFileLoader("flashc._fastcall", path)
+            spec = importlib.util.spec_from_file_location("flashc._fastcall", path,
+                                                          loader=loader)
+            module = importlib.util.module_from_spec(spec)
+            loader.exec_module(module)
+        except (ImportError, OSError) as e:
+            why = "%s does not load: %s" % (path, e)
+        else:
+            protocol = getattr(module, "PROTOCOL", None)
+            if protocol == FASTCALL_PROTOCOL:
+                return module
+            why = "%s speaks protocol %s, this package %d: rebuild it from this package's " \
+                  "source tree" % (path, protocol, FASTCALL_PROTOCOL)
+    if want == "1":
+        raise ImportError("flashc: FLASHC_FASTCALL=1 but " + why)
+    return None
+
+
+fastcall = _load_fastcall()
+
+
 def version():
     """The linked library's "MAJOR.MINOR.PATCH"."""
     return lib.flashc_version().decode()
+
+
+def fail(entry, status, rename):
+    """Raise the error of entry point `entry`'s failed call (status), with the library's
+    message (this thread's flashc_last_error), its C argument names mapped to the caller's
+    by `rename`."""
+    message = lib.flashc_last_error().decode()
+    for c_name, py_name in (rename or {}).items():
+        message = message.replace(c_name, py_name)
+    raise_for(status, "%s: %s" % (entry, message))
+
+
+def address(entry):
+    """The addresses of entry point `entry` and of its size query, for _fastcall."""
+    return tuple(ctypes.cast(f, ctypes.c_void_p).value for f in ENTRY_FUNCTIONS[entry])
 
 
 # ---- tensors and calls ----
@@ -270,9 +330,6 @@ def call(entry, args, p, device, rename=None):
     if status == OK:
         status = fn(ctypes.byref(args), ctypes.byref(p), ptr, size)
     if status != OK:
-        message = lib.flashc_last_error().decode()
-        for c_name, py_name in (rename or {}).items():
-            message = message.replace(c_name, py_name)
-        raise_for(status, "%s: %s" % (entry, message))
+        fail(entry, status, rename)
     # On CUDA, freeing ws now is safe: torch's caching allocator reuses it only for
     # work ordered after this op on the same stream.

@@ -780,12 +780,23 @@ flash_attn_varlen_kvpacked_func.__doc__ = """flash_attn_varlen_func on q and kv 
 # asks for, as every call). Only for calls _direct would run directly (autograd records
 # nothing), with every tensor on q's device and plain scalar options, that no step
 # changes on the way (no copy by _maybe_contiguous or _sink32, no dropout, cache_seqlens
-# not an int); others go the whole way every time.
+# not an int); others go the whole way every time. The signature's key and the call are
+# _fastcall.c's where the package has it (_lib.fastcall: the same steps in C, ~3x less
+# time a call), else the Python below.
 _PREPARED_MAX = 64  # signatures kept; the table is emptied when it is full
-# (entry point, signature) -> (args struct, params, the tensor fields set per call, the
-# outputs made per call: (field or None, shape, dtype))
+# signature's key -> the call it recorded, _Recipe.record's entry
 _prepared = {}
 _SCALARS = (int, float, bool, type(None))
+_fast = _lib.fastcall if _DIRECT_CHECKS else None
+# _fastcall.setup's arguments: torch's objects and functions the module calls
+_FAST_SETUP = (Tensor, tuple(sorted(_lib.DTYPES, key=_lib.DTYPES.get)),
+               (_C._len_torch_dispatch_stack, _C._is_torch_function_mode_enabled,
+                _C._get_tracing_state, getattr(_C, "_functorch", _C).peek_interpreter_stack)
+               if _fast is not None else (),
+               torch.is_grad_enabled, torch.empty, torch.autograd.graph.increment_version,
+               getattr(_C, "_cuda_getDevice", None), _lib._RAW_STREAM, _lib.fail)
+if _fast is not None:
+    _fast.setup(*_FAST_SETUP)
 
 
 class _Recipe:
@@ -793,10 +804,10 @@ class _Recipe:
     struct, the struct's names of the tensors the function passes (in that order) and of
     the outputs the op describes, the map of C names in an error message to the
     function's, and the positions of the tensors the op mutates (whose version counters
-    a call moves, as _call does)."""
+    a call moves, as _call does). `tag` tells its keys from another recipe's."""
 
-    def __init__(self, op, entry, struct, fields, outputs, rename=None):
-        self.op, self.entry, self.struct, self.fields = op, entry, struct, fields
+    def __init__(self, tag, op, entry, struct, fields, outputs, rename=None):
+        self.tag, self.op, self.entry, self.struct, self.fields = tag, op, entry, struct, fields
         self.outputs = tuple((name, getattr(struct, name).offset, getattr(struct, name).size)
                              for name in outputs)
         self.rename = rename
@@ -814,14 +825,19 @@ class _Recipe:
         one _direct would not run directly, an option that is not a plain scalar, a
         tensor that is not on q's device (an int cache_seqlens included) or needs a copy
         on the way (a last stride other than 1, a sink not in fp32)."""
+        if not self.ready:
+            return None
+        if _fast is not None:  # (torch.compile must not trace into C: it asks first)
+            return None if torch.compiler.is_compiling() else \
+                _fast.key(self.tag, tensors, options)
         q = tensors[0]
-        if not self.ready or type(q) is not Tensor or not _direct(tensors):
+        if type(q) is not Tensor or not _direct(tensors):
             return None
         options = _options_key(options)
         if options is None:
             return None
         device = q.get_device()  # -1: the CPU
-        key = [self.entry, device, options]
+        key = [self.tag, device, options]
         for t in tensors:
             if t is None:
                 key.append(None)
@@ -840,23 +856,28 @@ class _Recipe:
     def call(self, entry, tensors):
         """A call of a prepared signature (_prepared's entry) on these tensors: the
         outputs it made, in the order they were recorded."""
-        template, params, fields, outputs = entry
+        if _fast is not None:
+            made = _fast.call(entry, tensors)
+            if made is not None:  # (None: q's CUDA device is not the current one)
+                return made
+        _, _, template, params, _, fields, outputs, mutated, _, rename = entry
         args = self.struct.from_buffer_copy(template)
-        for name, i in fields:
-            getattr(args, name).data = tensors[i].data_ptr()
+        base = ctypes.addressof(args)
+        for offset, i in fields:
+            ctypes.c_void_p.from_address(base + offset).value = tensors[i].data_ptr()
         device = tensors[0].device
         made = []
-        for name, shape, dtype in outputs:
+        for offset, shape, dtype in outputs:
             t = torch.empty(shape, dtype=dtype, device=device)
-            if name is not None:
-                getattr(args, name).data = t.data_ptr()
+            if offset >= 0:
+                ctypes.c_void_p.from_address(base + offset).value = t.data_ptr()
             made.append(t)
+        params = _lib.Params.from_buffer_copy(params)
         if device.type == "cuda":  # the stream is the current one of this call
-            params = _lib.Params.from_buffer_copy(params)
             params.stream = _lib.stream(device)
-        for i in self.mutated:
+        for i in mutated:
             torch.autograd.graph.increment_version(tensors[i])
-        _on_device(device, _lib.call, self.entry, args, params, device, self.rename)
+        _on_device(device, _lib.call, self.entry, args, params, device, rename)
         return made
 
     def record(self, key, tensors, outputs):
@@ -865,13 +886,15 @@ class _Recipe:
         not, which a prepared call makes all the same), and the args struct and params
         its library call was given (_built.last; a signature's call passes the tensors
         themselves, with no copy on the way). Nothing is recorded when that call made no
-        library call of this entry point."""
+        library call of this entry point. The entry: (the entry point's and its size
+        query's addresses, the args struct and params as bytes, params.stream's offset,
+        ((offset of a tensor's data pointer in the struct, its index in tensors), ...),
+        ((offset or -1, shape, dtype) of each output made), the indices of the tensors
+        mutated, the entry point's name, rename): _fastcall.c's call reads it too."""
         built = getattr(_built, "last", None)
         _built.last = None
         if built is None or built[0] != self.entry:
             return
-        fields = [(name, i) for i, (name, t) in enumerate(zip(self.fields, tensors))
-                  if t is not None]
         # the tensors a prepared call sets: its inputs, and the outputs it makes that the
         # library writes; any other the op described (softmax_lse when it is not
         # returned) is left absent, so the library does not write it
@@ -880,10 +903,17 @@ class _Recipe:
         for name, offset, size in self.outputs:
             if name not in kept:
                 ctypes.memset(ctypes.addressof(template) + offset, 0, size)
+        offset = {name: getattr(self.struct, name).offset
+                  for name in self.fields + tuple(kept) if name}
+        fields = tuple((offset[name], i) for i, (name, t) in enumerate(zip(self.fields, tensors))
+                       if t is not None)
+        made = tuple((offset[name] if name else -1, tuple(t.shape), t.dtype)
+                     for name, t in outputs)
         if len(_prepared) >= _PREPARED_MAX:
             _prepared.clear()
-        _prepared[key] = (template, built[2], fields,
-                          tuple((name, tuple(t.shape), t.dtype) for name, t in outputs))
+        _prepared[key] = (_lib.address(self.entry) + (bytes(template), bytes(built[2]),
+                          _lib.Params.stream.offset, fields, made, self.mutated, self.entry,
+                          self.rename))
 
 
 def _options_key(options):
@@ -903,10 +933,10 @@ def _options_key(options):
     return tuple(key)
 
 
-_FWD_PREPARED = _Recipe(_fwd, "flashc_fwd", _lib.FwdArgs,
+_FWD_PREPARED = _Recipe(0, _fwd, "flashc_fwd", _lib.FwdArgs,
                         ("q", "k", "v", "alibi_slopes", "sink"),
                         ("out", "softmax_lse", "attn_probs"))
-_KV_PREPARED = _Recipe(_fwd_kvcache, "flashc_fwd_kvcache", _lib.KvcacheArgs,
+_KV_PREPARED = _Recipe(1, _fwd_kvcache, "flashc_fwd_kvcache", _lib.KvcacheArgs,
                        ("q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos",
                         "rotary_sin", "cache_seqlens", "cache_batch_idx", "cache_leftpad",
                         "block_table", "alibi_slopes", "sink"), ("out", "softmax_lse"),

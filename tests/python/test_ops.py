@@ -27,6 +27,8 @@ own checks, on CPU tensors.
 
 Run:  FLASHC_LIBRARY=build/libflashc.so PYTHONPATH=python python3 -m pytest tests/python -q
 """
+import ctypes
+
 import pytest
 import torch
 
@@ -351,10 +353,46 @@ def test_autograd_function_path(case, monkeypatch):
 
 
 # ---- the direct call: a forward op's Python function without torch's dispatcher ----
+@pytest.fixture(params=["fastcall", "python"])
+def prepared_path(request, monkeypatch):
+    """Where the prepared calls' keys and calls run: _fastcall.c (the package's module,
+    interface._fast) or interface's Python (_fast None). ./test.sh requires the module
+    (FLASHC_FASTCALL=1), so its cases run there."""
+    if request.param == "python":
+        monkeypatch.setattr(interface, "_fast", None)
+    elif interface._fast is None:
+        pytest.skip("the package has no _fastcall module here (./test.sh requires one)")
+    else:
+        monkeypatch.setattr(interface, "_fast", Replays(interface._fast))
+    return request.param
+
+
+class Replays:
+    """_fastcall as it is, but its call must replay: None (the Python replay instead) is
+    for a CUDA q whose device is not the current one only."""
+
+    def __init__(self, fast):
+        self.fast, self.key = fast, fast.key
+
+    def call(self, entry, tensors):
+        made = self.fast.call(entry, tensors)
+        assert made is not None or tensors[0].is_cuda, "_fastcall.call did not replay"
+        return made
+
+
+def whole_way(patch):
+    """Every call through the registered op: no direct call (interface._direct), so no
+    prepared one either, neither in Python nor in _fastcall (which asks torch the same
+    questions itself)."""
+    patch.setattr(interface, "_direct", lambda args: False)
+    patch.setattr(interface, "_fast", None)
+
+
 @pytest.fixture
-def direct_calls(monkeypatch):
+def direct_calls(prepared_path, monkeypatch):
     """Counts, per op, the calls interface._call ran directly (not through the op); no
-    call prepared yet (each signature's first call runs the op's function)."""
+    call prepared yet (each signature's first call runs the op's function). Each test
+    that takes it runs with the prepared calls in C and in Python (prepared_path)."""
     monkeypatch.setattr(interface, "_prepared", {})
     assert interface._DIRECT_CHECKS and {interface._fwd, interface._varlen_fwd,
                                          interface._fwd_kvcache} <= set(interface._IMPLS), \
@@ -421,7 +459,7 @@ def run_direct(case, counts, monkeypatch, direct):
     versions = [t._version for t in inputs]
     with monkeypatch.context() as patch:
         if not direct:
-            patch.setattr(interface, "_direct", lambda args: False)
+            whole_way(patch)
         torch.manual_seed(3)
         got = call(*inputs)
     assert counts[op] - before == int(direct)
@@ -497,7 +535,7 @@ def test_kvcache_prepared(device, lse, direct_calls, monkeypatch):
 
     def via_op(args, **more):
         with monkeypatch.context() as patch:
-            patch.setattr(interface, "_direct", lambda args: False)
+            whole_way(patch)
             return run(args, **more)
 
     op = interface._fwd_kvcache
@@ -522,6 +560,11 @@ def test_kvcache_prepared(device, lse, direct_calls, monkeypatch):
         with pytest.raises(flashc.FlashcArgumentError) as prepared:
             run(bad)
         assert str(whole.value) == str(prepared.value) and "k_new" not in str(whole.value)
+        kept = dict(bad, k_cache=bad["k_cache"].clone(), v_cache=bad["v_cache"].clone())
+        with pytest.raises(flashc.FlashcArgumentError):
+            flashc.flash_attn_with_kvcache(**kept, **kw)  # a failed call writes nothing
+        assert torch.equal(kept["k_cache"], bad["k_cache"])
+        assert torch.equal(kept["v_cache"], bad["v_cache"])
     assert direct_calls[op] == 1
     for seed in (100, 110):  # another option: its own signature, prepared from its second
         args = args_on(seed, [2, 2])
@@ -566,6 +609,30 @@ def test_kvcache_prepared_keys(direct_calls):
     call(**kv_args(152, [4, 4], cache_seqlens=seqlens))
     assert direct_calls[interface._fwd_kvcache] == calls  # prepared
 
+    def outcome(**kw):  # the result, or the error's type and message
+        try:
+            return call(**kv_args(153, [3, 6]), **kw)
+        except Exception as e:
+            return type(e), str(e)
+
+    def same_outcome(a, b):
+        return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+    # an int past 64 bits after its low bits' value ran, -0.0 after 0.0: what the op gives
+    for first, then in (((1, -1), (2 ** 64 + 1, -1)), ((1, -1), (1, 2 ** 64 - 1))):
+        for _ in range(2):
+            outcome(window_size=first)
+        with pytest.MonkeyPatch.context() as patch:
+            whole_way(patch)
+            want = outcome(window_size=then)
+        assert same_outcome(outcome(window_size=then), want), then
+    for _ in range(2):
+        outcome(softmax_scale=0.0)
+    with pytest.MonkeyPatch.context() as patch:
+        whole_way(patch)
+        want = outcome(softmax_scale=-0.0)
+    assert same_outcome(outcome(softmax_scale=-0.0), want)
+
 
 # ---- flash_attn_func's prepared calls ----
 def func_inputs(seed, device, dtype, b=2, sq=3, sk=5, h=4, hk=2, d=40, dv=None, alibi=None,
@@ -592,7 +659,7 @@ def func_via_op(monkeypatch, *args, **kw):
     """flashc.flash_attn_func(*args, **kw) through the registered op (interface._direct off):
     no signature, nothing prepared or recorded; the reference of the prepared calls."""
     with monkeypatch.context() as patch:
-        patch.setattr(interface, "_direct", lambda args: False)
+        whole_way(patch)
         return flashc.flash_attn_func(*args, **kw)
 
 
@@ -700,7 +767,7 @@ def test_func_not_prepared(device, direct_calls, monkeypatch):
             assert direct_calls[interface._fwd] == calls + 1, name
             assert len(interface._prepared) == 1, name
             with monkeypatch.context() as patch:
-                patch.setattr(interface, "_direct", lambda args: False)
+                whole_way(patch)
                 torch.manual_seed(7)
                 assert same(got, fn(*args, **kw)), name
             outs.append(got)
@@ -725,11 +792,31 @@ def test_prepared_passes_what_is_returned(device, direct_calls, monkeypatch):
     seen = []
     real = interface._lib.call
 
-    def spy(entry, args, params, device, rename=None):
+    def look(args):
         seen.append((args.out.data, args.softmax_lse.data or 0, args.softmax_lse.ndim))
+
+    def spy(entry, args, params, device, rename=None):
+        look(args)
         return real(entry, args, params, device, rename)
 
     monkeypatch.setattr(interface._lib, "call", spy)
+    # _fastcall calls the entry point at the address a recording gives it: a recording
+    # gives it a ctypes function that looks, then calls the library's
+    real_address, hooks = interface._lib.address, []
+
+    def address(entry):
+        fn, size_fn = real_address(entry)
+        proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(interface._lib.ENTRY_POINTS[entry]),
+                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+        target = proto(fn)
+
+        def hook(args, params, workspace, size):
+            look(args.contents)
+            return target(args, params, workspace, size)
+        hooks.append(proto(hook))  # alive as long as the test
+        return ctypes.cast(hooks[-1], ctypes.c_void_p).value, size_fn
+
+    monkeypatch.setattr(interface._lib, "address", address)
     dtype = func_dtype("other", device)
     for lse in (False, True):
         seen.clear()
@@ -752,6 +839,29 @@ def test_prepared_passes_what_is_returned(device, direct_calls, monkeypatch):
             if n:  # prepared (lse (2, 4, 2) when returned)
                 assert (lse_data, lse_ndim) == ((got[1].data_ptr(), 3) if lse else (0, 0)), n
     assert direct_calls[interface._fwd] == 2 and direct_calls[interface._fwd_kvcache] == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fastcall_device_not_current(direct_calls, prepared_path, monkeypatch):
+    """_fastcall's call answers None where q's CUDA device is not the current one, before
+    it does anything, and the Python replay (which switches to the device) runs instead:
+    one library call through _lib.call, the op's result bit for bit."""
+    if prepared_path != "fastcall":
+        pytest.skip("_fastcall's case")
+    fast, setup = interface._fast.fast, list(interface._FAST_SETUP)
+    (q, k, v), _ = func_inputs(1100, "cuda", torch.float16, d=16)
+    for _ in range(2):
+        want = flashc.flash_attn_func(q, k, v)
+    calls, real = [], interface._lib.call
+    monkeypatch.setattr(interface._lib, "call", lambda *a: calls.append(a[0]) or real(*a))
+    setup[6] = lambda: q.get_device() + 1  # another device is current
+    fast.setup(*setup)
+    try:
+        got = flashc.flash_attn_func(q, k, v)
+    finally:
+        fast.setup(*interface._FAST_SETUP)
+    assert calls == ["flashc_fwd"] and torch.equal(got, want)
+    assert direct_calls[interface._fwd] == 1  # prepared, not the whole way
 
 
 def test_prepared_in_threads(direct_calls, monkeypatch):
@@ -990,7 +1100,7 @@ def test_func_prepared_cuda_graph(direct_calls, monkeypatch):
         graph.replay()
         torch.cuda.synchronize()
         with monkeypatch.context() as patch:
-            patch.setattr(interface, "_direct", lambda args: False)
+            whole_way(patch)
             assert same(captured, call(*static)), seed
 
 
@@ -1061,6 +1171,16 @@ def test_direct_not_under_modes(direct_calls):
 
     q, k, v = batched(BATCHED[0])
     call, make = DIRECT["kvcache-append-rotary"][1]
+    for _ in range(2):  # each signature prepared: a mode, a subclass, meta must still not
+        flashc.flash_attn_func(q, k, v)  # take the prepared call
+        call(*make())
+    assert len(interface._prepared) == 2
+    before = dict(direct_calls)
+    traced = torch.jit.trace(lambda x: flashc.flash_attn_func(x, k, v), (q,), check_trace=False)
+    assert "flashc::fwd" in str(traced.graph)  # (a prepared call would leave it out)
+    qs = torch.stack([q, -q])
+    mapped = torch.func.vmap(lambda x: flashc.flash_attn_func(x, k, v))(qs)
+    assert torch.equal(mapped, torch.stack([flashc.flash_attn_func(x, k, v) for x in qs]))
     for mode in (DispatchRecord, FunctionRecord):
         with mode():
             flashc.flash_attn_func(q, k, v)
@@ -1069,13 +1189,14 @@ def test_direct_not_under_modes(direct_calls):
             == 1, (mode, seen)
         seen.clear()
     assert type(flashc.flash_attn_func(q.as_subclass(Recorded), k, v)) is Recorded
-    assert seen.count("flashc.fwd.default") == 1, seen
+    assert type(flashc.flash_attn_func(q, k.as_subclass(Recorded), v)) is Recorded
+    assert seen.count("flashc.fwd.default") == 2, seen
     with FakeTensorMode():
         fake = flashc.flash_attn_func(*(torch.empty(t.shape) for t in (q, k, v)))
     meta = flashc.flash_attn_func(*(t.to("meta") for t in (q, k, v)))
     assert fake.shape == meta.shape == q.shape and meta.is_meta
     assert type(fake).__name__ == "FakeTensor"
-    assert not any(direct_calls.values())
+    assert direct_calls == before
 
 
 NO_GRAD = {

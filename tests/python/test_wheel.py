@@ -4,9 +4,11 @@ test_cpu_wheel builds one as a user would, `pip wheel` on a copy of the source t
 CPU only (FLASHC_CMAKE_ARGS=-DFLASHC_CUDA=OFF: CMake and the C compile, about 10 s on
 2 cores), without build isolation (setuptools comes with this venv's torch, and
 nothing is downloaded). It checks the wheel's name, tags and version label
-(flashc-<release>+cpu-py3-none-<platform>: a native library that links no Python),
-that it holds libflashc.so and nothing but the package, and that a fresh venv with
-the wheel installed imports flashc from it and runs a forward. test_sdist makes an
+(flashc-<release>+cpu-cp39-abi3-<platform>: a native library that links no Python,
+and _fastcall on the stable ABI; py3-none-<platform> without it, where this Python
+has no headers), that it holds libflashc.so and nothing but the package, and that a
+fresh venv with the wheel installed imports flashc from it, _fastcall included, and
+runs a forward, once whole and once prepared. test_sdist makes an
 sdist of a copy of the tree (MANIFEST.in: everything the build reads), checks what it
 holds, and builds and runs the same CPU wheel from it (about 20 s more). The other
 configurations (CUDA, $FLASHC_LIBRARY) are checked on setup.py's own functions,
@@ -44,7 +46,8 @@ def load_setup():
 
 def clean_env(**extra):
     """This environment without what points Python at the source tree's flashc."""
-    env = {k: v for k, v in os.environ.items() if k not in ("FLASHC_LIBRARY", "PYTHONPATH")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("FLASHC_LIBRARY", "PYTHONPATH", "FLASHC_FASTCALL")}
     env.update(extra)
     return env
 
@@ -82,18 +85,20 @@ def check_cpu_wheel(tmp_path, out):
     venv, flashc imports from it and runs a forward."""
     version = flashc._lib.VERSION + "+cpu"
     platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+    fast = os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+    tag = ("cp39-abi3-" if fast else "py3-none-") + platform
     wheels = os.listdir(out)
-    assert wheels == ["flashc-%s-py3-none-%s.whl" % (version, platform)], wheels
+    assert wheels == ["flashc-%s-%s.whl" % (version, tag)], wheels
     wheel = out / wheels[0]
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
         info = "flashc-%s.dist-info/" % version
         meta = z.read(info + "WHEEL").decode().splitlines()
         metadata = z.read(info + "METADATA").decode().splitlines()
-    assert "Tag: py3-none-%s" % platform in meta and "Root-Is-Purelib: false" in meta, meta
+    assert "Tag: " + tag in meta and "Root-Is-Purelib: false" in meta, meta
     assert "Version: " + version in metadata and "Requires-Dist: torch>=1.13" in metadata
     for f in ("flashc/libflashc.so", "flashc/__init__.py", "flashc/_lib.py",
-              "flashc/layers/rotary.py"):
+              "flashc/layers/rotary.py") + (("flashc/_fastcall.abi3.so",) if fast else ()):
         assert f in names, names
     assert all(n.startswith(("flashc/", info)) for n in names), names
 
@@ -110,18 +115,22 @@ def check_cpu_wheel(tmp_path, out):
         q, k, v = (torch.randn(1, 5, 2, 16, generator=torch.Generator().manual_seed(i))
                    for i in range(3))
         out = flashc.flash_attn_func(q, k, v, causal=True)
+        again = flashc.flash_attn_func(q, k, v, causal=True)  # prepared
         ref = torch.nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2)
         print(json.dumps({"file": flashc.__file__, "lib": flashc._lib.lib._name,
                           "version": flashc.__version__,
                           "dist": importlib.metadata.version("flashc"),
                           "cuda": flashc._lib.lib.flashc_cuda_compiled(),
+                          "fast": getattr(flashc._lib.fastcall, "__file__", None),
+                          "same": torch.equal(out, again),
                           "err": (out - ref).abs().max().item()}))"""
     got = json.loads(run([python, "-c", probe], cwd=str(tmp_path), env=clean_env()))
     assert got["file"].startswith(site) and got["lib"] == os.path.join(site, "flashc",
                                                                        "libflashc.so"), got
     assert got["version"] == flashc._lib.VERSION and got["dist"] == version, got
-    assert got["cuda"] == 0 and got["err"] < 1e-5, got
+    assert got["cuda"] == 0 and got["err"] < 1e-5 and got["same"], got
+    assert got["fast"] == (os.path.join(site, "flashc", "_fastcall.abi3.so") if fast else None), got
 
 
 # ---- the sdist ----
