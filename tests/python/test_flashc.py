@@ -279,6 +279,39 @@ def test_versions():
     assert "unknown (before 0.3)" in lib._refusal("x.so", "0.2.0", None, True)
 
 
+def test_fastcall_loading(tmp_path, monkeypatch):
+    """_lib._load_fastcall takes the _fastcall module beside the library when it loads and
+    speaks this package's protocol; else (none there, a file that does not load, another
+    protocol) None, or under FLASHC_FASTCALL=1 an ImportError that says which; under
+    FLASHC_FASTCALL=0 None whatever is there."""
+    import shutil
+    lib = flashc._lib
+    built = lib.fastcall.__file__ if lib.fastcall is not None else None
+    monkeypatch.setattr(lib, "lib", type("Lib", (), {"_name": str(tmp_path / "libflashc.so")}))
+    module = tmp_path / lib.FASTCALL_FILE
+
+    def load(want):
+        monkeypatch.setenv("FLASHC_FASTCALL", want)
+        return lib._load_fastcall()
+
+    def refused(match):
+        assert load("") is None and load("0") is None
+        with pytest.raises(ImportError, match=match):
+            load("1")
+
+    refused("is missing")
+    module.write_bytes(b"not a shared object")
+    refused("does not load")
+    if built is None:
+        pytest.skip("no _fastcall module here to load (./test.sh requires one)")
+    shutil.copyfile(built, module)
+    for want in ("", "1"):
+        assert load(want).PROTOCOL == lib.FASTCALL_PROTOCOL
+    assert load("0") is None
+    monkeypatch.setattr(lib, "FASTCALL_PROTOCOL", lib.FASTCALL_PROTOCOL + 1)
+    refused("speaks protocol %d" % (lib.FASTCALL_PROTOCOL - 1))
+
+
 
 def test_params_default():
     """_lib.params builds flashc_params from zeros, which flashc.h promises
