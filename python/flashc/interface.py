@@ -781,8 +781,8 @@ flash_attn_varlen_kvpacked_func.__doc__ = """flash_attn_varlen_func on q and kv 
 # nothing), with every tensor on q's device and plain scalar options, that no step
 # changes on the way (no copy by _maybe_contiguous or _sink32, no dropout, cache_seqlens
 # not an int); others go the whole way every time. The signature's key and the call are
-# _fastcall.c's where the package has it (_lib.fastcall: the same steps in C, ~3x less
-# time a call), else the Python below.
+# _fastcall.c's where the package has it (_lib.fastcall: the same steps in C, about half
+# the time of a small call: bench/NOTES.md, session 41), else the Python below.
 _PREPARED_MAX = 64  # signatures kept; the table is emptied when it is full
 # signature's key -> the call it recorded, _Recipe.record's entry
 _prepared = {}
