@@ -14,8 +14,9 @@
  *
  * key answers None where _Recipe.signature does (see there), and two calls get the
  * same key where signature gives them equal keys, with these differences, none of which
- * changes a result: key answers None for an option of an int beyond 64 bits, for a tensor of a dtype flashc does not take or of more than FC_MAX_NDIM
- * dimensions, and for a key past 1024 bytes (the whole way then runs, and fails where
+ * changes a result: key answers None for an option of an int beyond 64 bits, for a
+ * tensor of a dtype flashc does not take or of more than FC_MAX_NDIM dimensions, and
+ * for a key past 1024 bytes (the whole way then runs, and fails where
  * the dtype or the dimensions are wrong), where signature gives a key; NaN options,
  * which the whole way refuses, get equal keys here; and a tensor without strides
  * (sparse) answers None here where signature raises (the whole way raises then).
@@ -249,6 +250,14 @@ static PyObject *fc_key_of(PyObject *self, PyObject *args) {
 /* A pointer from a Python int (an address from ctypes, a data_ptr()). */
 static void *fc_ptr(PyObject *o) { return o == Py_None ? NULL : PyLong_AsVoidPtr(o); }
 
+/* obj.data_ptr() into *p: 0, or -1 with an error set. */
+static int fc_data_ptr(PyObject *obj, void **p) {
+    PyObject *d = PyObject_CallMethodObjArgs(obj, fc_s_data_ptr, NULL);
+    *p = d ? fc_ptr(d) : NULL;
+    Py_XDECREF(d);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
 /* Write address p at byte `off` of buf. */
 static void fc_set_ptr(char *buf, Py_ssize_t off, void *p) { memcpy(buf + off, &p, sizeof p); }
 
@@ -263,29 +272,25 @@ static PyObject *fc_new_empty(PyObject *shape, PyObject *dtype, PyObject *device
     return t;
 }
 
-/* 1 where o is a tuple of n items, else 0 with ValueError. */
+/* 1 where o is a tuple of n items (any number where n < 0), else 0 with ValueError. */
 static int fc_tuple_of(PyObject *o, Py_ssize_t n, const char *what) {
     if (PyTuple_Check(o) && (n < 0 || PyTuple_Size(o) == n)) return 1;
-    PyErr_Format(PyExc_ValueError, "_fastcall.call: the entry's %s is not a tuple of %zd", what,
-                 n);
+    if (n < 0)
+        PyErr_Format(PyExc_ValueError, "_fastcall.call: the entry's %s is not a tuple", what);
+    else
+        PyErr_Format(PyExc_ValueError, "_fastcall.call: the entry's %s is not a tuple of %zd",
+                     what, n);
     return 0;
 }
 
-/* 1 where an offset o (a Python int) of a pointer lies in a buffer of n bytes, from lo. */
-static int fc_offset_ok(PyObject *o, Py_ssize_t lo, Py_ssize_t n) {
+/* 1 where o (a Python int: an offset or an index) lies in [lo, hi], else 0 with an
+ * error set. */
+static int fc_in(PyObject *o, Py_ssize_t lo, Py_ssize_t hi) {
     Py_ssize_t v = PyLong_AsSsize_t(o);
     if (PyErr_Occurred()) return 0;
-    if (v >= lo && v <= n - (Py_ssize_t)sizeof(void *)) return 1;
-    PyErr_Format(PyExc_ValueError, "_fastcall.call: the offset %zd lies outside %zd bytes", v, n);
-    return 0;
-}
-
-/* 1 where an index o (a Python int) lies in [0, n). */
-static int fc_index_ok(PyObject *o, Py_ssize_t n) {
-    Py_ssize_t v = PyLong_AsSsize_t(o);
-    if (PyErr_Occurred()) return 0;
-    if (v >= 0 && v < n) return 1;
-    PyErr_Format(PyExc_ValueError, "_fastcall.call: the index %zd lies outside %zd tensors", v, n);
+    if (v >= lo && v <= hi) return 1;
+    PyErr_Format(PyExc_ValueError, "_fastcall.call: the entry's %zd lies outside [%zd, %zd]", v,
+                 lo, hi);
     return 0;
 }
 
@@ -300,8 +305,10 @@ static int fc_entry_ok(PyObject *entry, Py_ssize_t nt) {
                                           "at most 4096");
         return 0;
     }
-    Py_ssize_t nb = PyBytes_Size(tmpl);
-    if (!fc_offset_ok(PyTuple_GetItem(entry, 4), 0, PyBytes_Size(prm))) return 0;
+    /* a pointer's offset in the struct (nb bytes) or params, a tensor's index */
+    const Py_ssize_t nb = PyBytes_Size(tmpl), last = nb - (Py_ssize_t)sizeof(void *);
+    if (!fc_in(PyTuple_GetItem(entry, 4), 0, PyBytes_Size(prm) - (Py_ssize_t)sizeof(void *)))
+        return 0;
     PyObject *fields = PyTuple_GetItem(entry, 5), *outputs = PyTuple_GetItem(entry, 6),
              *mutated = PyTuple_GetItem(entry, 7);
     if (!fc_tuple_of(fields, -1, "fields") || !fc_tuple_of(outputs, -1, "outputs") ||
@@ -309,17 +316,17 @@ static int fc_entry_ok(PyObject *entry, Py_ssize_t nt) {
         return 0;
     for (Py_ssize_t i = 0; i < PyTuple_Size(fields); i++) {
         PyObject *f = PyTuple_GetItem(fields, i);
-        if (!fc_tuple_of(f, 2, "field") || !fc_offset_ok(PyTuple_GetItem(f, 0), 0, nb) ||
-            !fc_index_ok(PyTuple_GetItem(f, 1), nt))
+        if (!fc_tuple_of(f, 2, "field") || !fc_in(PyTuple_GetItem(f, 0), 0, last) ||
+            !fc_in(PyTuple_GetItem(f, 1), 0, nt - 1))
             return 0;
     }
     for (Py_ssize_t i = 0; i < PyTuple_Size(outputs); i++) {
         PyObject *o = PyTuple_GetItem(outputs, i);
-        if (!fc_tuple_of(o, 3, "output") || !fc_offset_ok(PyTuple_GetItem(o, 0), -1, nb))
+        if (!fc_tuple_of(o, 3, "output") || !fc_in(PyTuple_GetItem(o, 0), -1, last))
             return 0;
     }
     for (Py_ssize_t i = 0; i < PyTuple_Size(mutated); i++)
-        if (!fc_index_ok(PyTuple_GetItem(mutated, i), nt))
+        if (!fc_in(PyTuple_GetItem(mutated, i), 0, nt - 1))
             return 0;
     return 1;
 }
@@ -385,10 +392,8 @@ static PyObject *fc_call(PyObject *self, PyObject *args) {
         Py_ssize_t off = PyLong_AsSsize_t(PyTuple_GetItem(f, 0));
         Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GetItem(f, 1));
         if (PyErr_Occurred()) return NULL;
-        PyObject *d = PyObject_CallMethodObjArgs(PyTuple_GetItem(tensors, at), fc_s_data_ptr, NULL);
-        void *ptr = d ? fc_ptr(d) : NULL;
-        Py_XDECREF(d);
-        if (PyErr_Occurred()) return NULL;
+        void *ptr;
+        if (fc_data_ptr(PyTuple_GetItem(tensors, at), &ptr) < 0) return NULL;
         fc_set_ptr(a.c, off, ptr);
     }
     device = PyObject_GetAttr(q, fc_s_device);
@@ -404,10 +409,8 @@ static PyObject *fc_call(PyObject *self, PyObject *args) {
         Py_DECREF(t);
         if (added < 0) goto fail;
         if (off >= 0) {
-            PyObject *d = PyObject_CallMethodObjArgs(t, fc_s_data_ptr, NULL);
-            void *ptr = d ? fc_ptr(d) : NULL;
-            Py_XDECREF(d);
-            if (PyErr_Occurred()) goto fail;
+            void *ptr;
+            if (fc_data_ptr(t, &ptr) < 0) goto fail;
             fc_set_ptr(a.c, off, ptr);
         }
     }
@@ -426,11 +429,10 @@ static PyObject *fc_call(PyObject *self, PyObject *args) {
             PyObject *n = Py_BuildValue("(n)", (Py_ssize_t)(wbytes + FC_WORKSPACE_ALIGN));
             ws = n ? fc_new_empty(n, fc_uint8, device) : NULL;
             Py_XDECREF(n);
-            PyObject *d = ws ? PyObject_CallMethodObjArgs(ws, fc_s_data_ptr, NULL) : NULL;
-            uintptr_t w = d ? (uintptr_t)fc_ptr(d) : 0;
-            Py_XDECREF(d);
-            if (PyErr_Occurred()) goto fail;
-            wp = (void *)((w + FC_WORKSPACE_ALIGN - 1) / FC_WORKSPACE_ALIGN * FC_WORKSPACE_ALIGN);
+            void *w;
+            if (!ws || fc_data_ptr(ws, &w) < 0) goto fail;
+            wp = (void *)(((uintptr_t)w + FC_WORKSPACE_ALIGN - 1) / FC_WORKSPACE_ALIGN *
+                          FC_WORKSPACE_ALIGN);
         }
     }
     if (status == 0) {

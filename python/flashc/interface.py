@@ -788,14 +788,14 @@ _PREPARED_MAX = 64  # signatures kept; the table is emptied when it is full
 _prepared = {}
 _SCALARS = (int, float, bool, type(None))
 _fast = _lib.fastcall if _DIRECT_CHECKS else None
-# _fastcall.setup's arguments: torch's objects and functions the module calls
-_FAST_SETUP = (Tensor, tuple(sorted(_lib.DTYPES, key=_lib.DTYPES.get)),
-               (_C._len_torch_dispatch_stack, _C._is_torch_function_mode_enabled,
-                _C._get_tracing_state, getattr(_C, "_functorch", _C).peek_interpreter_stack)
-               if _fast is not None else (),
-               torch.is_grad_enabled, torch.empty, torch.autograd.graph.increment_version,
-               getattr(_C, "_cuda_getDevice", None), _lib._RAW_STREAM, _lib.fail)
 if _fast is not None:
+    # _fastcall.setup's arguments: torch's objects and functions the module calls (those
+    # _DIRECT_CHECKS found)
+    _FAST_SETUP = (Tensor, tuple(sorted(_lib.DTYPES, key=_lib.DTYPES.get)),
+                   (_C._len_torch_dispatch_stack, _C._is_torch_function_mode_enabled,
+                    _C._get_tracing_state, _C._functorch.peek_interpreter_stack),
+                   torch.is_grad_enabled, torch.empty, torch.autograd.graph.increment_version,
+                   getattr(_C, "_cuda_getDevice", None), _lib._RAW_STREAM, _lib.fail)
     _fast.setup(*_FAST_SETUP)
 
 
