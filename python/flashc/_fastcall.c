@@ -34,7 +34,7 @@
 #include <string.h>
 
 /* ---- what setup() hands over ---- */
-static PyObject *fc_tensor_type; /* torch.Tensor */
+static PyObject *fc_plain_types; /* torch.Tensor, nn.Parameter (interface._PLAIN) */
 static PyObject *fc_dtypes;      /* the dtypes flashc takes, in flashc_dtype's order */
 static PyObject *fc_fp32;        /* torch.float32 (the sink's dtype) */
 static PyObject *fc_uint8;       /* torch.uint8 (a CUDA workspace) */
@@ -53,7 +53,7 @@ static PyObject *fc_s_get_device, *fc_s_stride, *fc_s_shape, *fc_s_dtype, *fc_s_
 enum { FC_MAX_NDIM = 8, FC_MAX_STRUCT = 4096, FC_WORKSPACE_ALIGN = 256 };
 /* The module's PROTOCOL: setup's arguments, the key's and the entry's layout. _lib.py
  * loads a module of its own protocol only; a change to any of them bumps it. */
-enum { FC_PROTOCOL = 1 };
+enum { FC_PROTOCOL = 2 };
 typedef int (*fc_entry_fn)(const void *args, const void *params, void *workspace, size_t bytes);
 typedef int (*fc_size_fn)(const void *args, const void *params, size_t *bytes);
 
@@ -80,6 +80,13 @@ static int64_t fc_call_i64(PyObject *obj, PyObject *name, int *ok) {
     Py_XDECREF(r);
     *ok = !PyErr_Occurred();
     return v;
+}
+
+/* Whether obj's type is one of setup's plain tensor types (a subclass is not). */
+static int fc_plain(PyObject *obj) {
+    for (Py_ssize_t i = 0; i < PyTuple_Size(fc_plain_types); i++)
+        if ((PyObject *)Py_TYPE(obj) == PyTuple_GetItem(fc_plain_types, i)) return 1;
+    return 0;
 }
 
 /* The truth of obj.name (an attribute); -1 with an error set. */
@@ -184,18 +191,18 @@ static PyObject *fc_key_of(PyObject *self, PyObject *args) {
         return NULL;
     Py_ssize_t nt = PyTuple_Size(tensors);
     PyObject *q = nt > 0 ? PyTuple_GetItem(tensors, 0) : NULL;
-    if (!q || (PyObject *)Py_TYPE(q) != fc_tensor_type) Py_RETURN_NONE;
+    if (!q || !fc_plain(q)) Py_RETURN_NONE;
     int grad = 0, direct = fc_direct_globals(&grad);
     if (direct <= 0) {
         if (direct < 0) return NULL;
         Py_RETURN_NONE;
     }
-    /* _direct's per-tensor part, and signature's: None or a plain torch.Tensor on the
+    /* _direct's per-tensor part, and signature's: None or a plain tensor (fc_plain) on the
      * CPU or a CUDA device, recording nothing for autograd, no lazy negation */
     for (Py_ssize_t i = 0; i < nt; i++) {
         PyObject *a = PyTuple_GetItem(tensors, i);
         if (a == Py_None) continue;
-        if ((PyObject *)Py_TYPE(a) != fc_tensor_type) Py_RETURN_NONE;
+        if (!fc_plain(a)) Py_RETURN_NONE;
         int cpu = fc_attr_true(a, fc_s_is_cpu), cuda = cpu == 0 ? fc_attr_true(a, fc_s_is_cuda) : 0;
         if (cpu < 0 || cuda < 0) return NULL;
         if (!cpu && !cuda) Py_RETURN_NONE;
@@ -460,16 +467,16 @@ fail:
     return NULL;
 }
 
-/* setup(tensor_type, dtypes, checks, is_grad_enabled, empty, increment_version,
+/* setup(plain_types, dtypes, checks, is_grad_enabled, empty, increment_version,
  * current_device, raw_stream, fail): the torch objects and functions the two calls
  * use (current_device and raw_stream None without CUDA). */
 static PyObject *fc_setup(PyObject *self, PyObject *args) {
     PyObject *v[9];
     (void)self;
-    if (!PyArg_ParseTuple(args, "OO!O!OOOOOO", &v[0], &PyTuple_Type, &v[1], &PyTuple_Type, &v[2],
-                          &v[3], &v[4], &v[5], &v[6], &v[7], &v[8]))
+    if (!PyArg_ParseTuple(args, "O!O!O!OOOOOO", &PyTuple_Type, &v[0], &PyTuple_Type, &v[1],
+                          &PyTuple_Type, &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8]))
         return NULL;
-    PyObject **slot[9] = {&fc_tensor_type, &fc_dtypes,        &fc_checks,
+    PyObject **slot[9] = {&fc_plain_types, &fc_dtypes,        &fc_checks,
                           &fc_grad_enabled, &fc_empty,         &fc_increment_version,
                           &fc_current_device, &fc_raw_stream, &fc_fail};
     for (int i = 0; i < 9; i++) {

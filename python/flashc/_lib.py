@@ -190,7 +190,7 @@ ENTRY_FUNCTIONS = {name: (getattr(lib, name), getattr(lib, name + "_workspace_si
 # and the protocol (its FC_PROTOCOL: setup's arguments, the key's and the entry's
 # layout) this package speaks
 FASTCALL_FILE = "_fastcall.abi3.so"
-FASTCALL_PROTOCOL = 1
+FASTCALL_PROTOCOL = 2
 
 
 def _load_fastcall():

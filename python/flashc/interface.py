@@ -79,6 +79,10 @@ _DIRECT_CHECKS = _CUSTOM_OP and all(hasattr(m, f) for m, f in (
     (_C, "_is_torch_function_mode_enabled"), (_C, "_get_tracing_state"),
     (getattr(_C, "_functorch", None), "peek_interpreter_stack"),
     (torch.autograd.graph, "increment_version")))
+# the tensor types a call may run directly with (_direct): torch.Tensor, and nn.Parameter
+# (a model's learnable_sink or alibi_slopes, frozen weights), whose __torch_function__ is
+# disabled, so that torch's dispatch treats it as a plain tensor. Not a subclass of either.
+_PLAIN = (Tensor, torch.nn.Parameter)
 
 
 # ---- registration as torch.library custom ops (torch >= 2.4) ----
@@ -105,8 +109,8 @@ def _direct(args):
     not compiling or tracing (torch.compile, torch.export's strict mode, torch.jit.trace),
     no torch function or dispatch mode is active (FakeTensorMode, make_fx's proxy mode,
     functionalization, FlopCounterMode, ...), no functorch transform (vmap, grad) is,
-    every tensor argument is a plain torch.Tensor (no subclass: FakeTensor,
-    FunctionalTensor, DTensor, nn.Parameter) on the CPU or a CUDA device (the op answers
+    every tensor argument is a plain torch.Tensor or nn.Parameter (_PLAIN; no subclass:
+    FakeTensor, FunctionalTensor, DTensor) on the CPU or a CUDA device (the op answers
     meta tensors with its fake) and without a lazy negation (torch._neg_view: the
     dispatcher makes it real, its memory holds -x), and autograd records nothing (grad
     mode off, or no input requires grad). Otherwise the registered op runs, which all of
@@ -117,7 +121,7 @@ def _direct(args):
         return False
     grad = torch.is_grad_enabled()
     for a in args:
-        if type(a) is Tensor:
+        if type(a) in _PLAIN:
             if not (a.is_cpu or a.is_cuda) or (grad and a.requires_grad) or a.is_neg():
                 return False
         elif a is not None and isinstance(a, Tensor):
@@ -791,7 +795,7 @@ _fast = _lib.fastcall if _DIRECT_CHECKS else None
 if _fast is not None:
     # _fastcall.setup's arguments: torch's objects and functions the module calls (those
     # _DIRECT_CHECKS found)
-    _FAST_SETUP = (Tensor, tuple(sorted(_lib.DTYPES, key=_lib.DTYPES.get)),
+    _FAST_SETUP = (_PLAIN, tuple(sorted(_lib.DTYPES, key=_lib.DTYPES.get)),
                    (_C._len_torch_dispatch_stack, _C._is_torch_function_mode_enabled,
                     _C._get_tracing_state, _C._functorch.peek_interpreter_stack),
                    torch.is_grad_enabled, torch.empty, torch.autograd.graph.increment_version,
@@ -831,7 +835,7 @@ class _Recipe:
             return None if torch.compiler.is_compiling() else \
                 _fast.key(self.tag, tensors, options)
         q = tensors[0]
-        if type(q) is not Tensor or not _direct(tensors):
+        if type(q) not in _PLAIN or not _direct(tensors):
             return None
         options = _options_key(options)
         if options is None:

@@ -1144,6 +1144,63 @@ def test_direct_not_with_autograd(direct_calls):
     assert torch.equal(again, out.detach())
 
 
+def test_direct_parameter(direct_calls, monkeypatch):
+    """nn.Parameter arguments (a model's fp32 learnable_sink or alibi_slopes, a frozen
+    cache) are plain tensors to the direct call: where autograd records nothing (no_grad,
+    or requires_grad False) they run directly and, repeated, prepared, with the results of
+    plain tensors through the op bit for bit. A sink that requires grad under grad mode
+    goes through the op and gets its gradient; a subclass of nn.Parameter goes through
+    the op."""
+    Parameter = torch.nn.Parameter
+    q, k, v = batched(BATCHED[0])
+    h = q.shape[2]
+    sink, slopes = rand(h, seed=190), rand(h, seed=191).abs()
+    kv_plain, make = kvcache_case(paged=True, sink=sink)
+    kv_param = kvcache_case(paged=True, sink=Parameter(sink))[0]
+    cases = {  # name -> (the call with Parameters, the same with plain tensors, op, grad mode)
+        "sink-no-grad": (lambda: flashc.flash_attn_func(q, k, v, causal=True,
+                                                        learnable_sink=Parameter(sink)),
+                         lambda: flashc.flash_attn_func(q, k, v, causal=True,
+                                                        learnable_sink=sink),
+                         interface._fwd, False),
+        "alibi-frozen": (lambda: flashc.flash_attn_func(
+                             q, k, v, alibi_slopes=Parameter(slopes, requires_grad=False)),
+                         lambda: flashc.flash_attn_func(q, k, v, alibi_slopes=slopes),
+                         interface._fwd, True),
+        "kvcache-sink-no-grad": (
+            lambda: kv_param(*(Parameter(c, requires_grad=False) for c in make())),
+            lambda: kv_plain(*make()), interface._fwd_kvcache, False),
+    }
+    for name, (with_params, plain, op, grad) in cases.items():
+        with monkeypatch.context() as patch:
+            whole_way(patch)
+            want = plain()
+        prepared = len(interface._prepared)
+        for n in range(2):  # the whole way, then prepared
+            calls = direct_calls[op]
+            with torch.set_grad_enabled(grad):
+                got = with_params()
+            assert direct_calls[op] == calls + 1 - n, (name, n)
+            assert len(interface._prepared) == prepared + 1, name
+            assert same(got, want), (name, n)
+    plain_out = flashc.flash_attn_func(q, k, v, learnable_sink=sink)
+    calls = direct_calls[interface._fwd]
+    trained = Parameter(sink.clone())
+    out = flashc.flash_attn_func(q, k, v, learnable_sink=trained)
+    assert direct_calls[interface._fwd] == calls and out.grad_fn is not None
+    out.sum().backward()
+    assert trained.grad.abs().sum() > 0 and torch.equal(out.detach(), plain_out)
+
+    class Sub(Parameter):
+        pass
+    with torch.no_grad():  # (options of their own: no signature prepared by a plain call)
+        got = [flashc.flash_attn_func(q, k, v, window_size=(2, 0), learnable_sink=Sub(sink))
+               for _ in range(2)]
+    assert direct_calls[interface._fwd] == calls
+    want = func_via_op(monkeypatch, q, k, v, window_size=(2, 0), learnable_sink=sink)
+    assert all(torch.equal(g, want) for g in got)
+
+
 def test_direct_not_under_modes(direct_calls):
     """A dispatch mode, a torch function mode and a tensor subclass see flashc's ops; fake
     and meta tensors get the ops' fake implementation (shapes only): none of them runs
