@@ -48,7 +48,7 @@ static PyObject *fc_current_device, *fc_raw_stream; /* None without CUDA */
 static PyObject *fc_fail;        /* fail(name, status, rename): raises the library's error */
 static PyObject *fc_s_get_device, *fc_s_stride, *fc_s_shape, *fc_s_dtype, *fc_s_is_cpu,
     *fc_s_is_cuda, *fc_s_requires_grad, *fc_s_is_neg, *fc_s_data_ptr, *fc_s_device,
-    *fc_k_dtype, *fc_k_device;
+    *fc_s_float, *fc_k_dtype, *fc_k_device;
 
 enum { FC_MAX_NDIM = 8, FC_MAX_STRUCT = 4096, FC_WORKSPACE_ALIGN = 256 };
 /* The module's PROTOCOL: setup's arguments, the key's and the entry's layout. _lib.py
@@ -141,9 +141,8 @@ static int fc_put_scalar(fc_key *k, PyObject *o) {
 }
 
 /* A tensor argument into the key: its shape, strides and dtype; 0 where the call
- * must go the whole way (another device, a last stride other than 1, the sink not
- * fp32), -1 on error. */
-static int fc_put_tensor(fc_key *k, PyObject *t, int64_t device, int sink) {
+ * must go the whole way (another device, a last stride other than 1), -1 on error. */
+static int fc_put_tensor(fc_key *k, PyObject *t, int64_t device) {
     int ok;
     if (fc_call_i64(t, fc_s_get_device, &ok) != device || !ok) return ok ? 0 : -1;
     PyObject *shape = PyObject_GetAttr(t, fc_s_shape);
@@ -167,7 +166,6 @@ static int fc_put_tensor(fc_key *k, PyObject *t, int64_t device, int sink) {
     }
     r = 0;
     if (nd && d[2 * nd - 1] != 1 && d[nd - 1] > 1) goto done;
-    if (sink && dtype != fc_fp32) goto done;
     int64_t code = -1;
     for (Py_ssize_t i = 0; i < PyTuple_Size(fc_dtypes); i++)
         if (PyTuple_GetItem(fc_dtypes, i) == dtype) code = i;
@@ -247,7 +245,7 @@ static PyObject *fc_key_of(PyObject *self, PyObject *args) {
             if (!fc_put(&k, "-", 1)) Py_RETURN_NONE;
             continue;
         }
-        int r = fc_put_tensor(&k, t, device, i == nt - 1); /* every recipe's last: the sink */
+        int r = fc_put_tensor(&k, t, device);
         if (r < 0) return NULL;
         if (r == 0) Py_RETURN_NONE;
     }
@@ -376,6 +374,7 @@ static PyObject *fc_call(PyObject *self, PyObject *args) {
     memcpy(p.c, PyBytes_AsString(prm), (size_t)np);
 
     PyObject *q = PyTuple_GetItem(tensors, 0), *device = NULL, *made = NULL, *ws = NULL;
+    PyObject *sink32 = NULL;
     int ok, status = 0;
     void *wp = NULL;
     size_t wbytes = 0;
@@ -398,9 +397,20 @@ static PyObject *fc_call(PyObject *self, PyObject *args) {
         PyObject *f = PyTuple_GetItem(fields, i);
         Py_ssize_t off = PyLong_AsSsize_t(PyTuple_GetItem(f, 0));
         Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GetItem(f, 1));
-        if (PyErr_Occurred()) return NULL;
+        if (PyErr_Occurred()) goto fail;
+        PyObject *t = PyTuple_GetItem(tensors, at);
+        if (at == PyTuple_Size(tensors) - 1) { /* the sink (every recipe's last), in fp32 */
+            PyObject *dtype = PyObject_GetAttr(t, fc_s_dtype);
+            if (!dtype) goto fail;
+            int cast = dtype != fc_fp32;
+            Py_DECREF(dtype);
+            /* a bf16 or fp16 one is cast on the way, as _sink32 does; the copy lives until
+             * the library has been called, which on CUDA is stream-ordered after the cast */
+            if (cast && !(t = sink32 = PyObject_CallMethodObjArgs(t, fc_s_float, NULL)))
+                goto fail;
+        }
         void *ptr;
-        if (fc_data_ptr(PyTuple_GetItem(tensors, at), &ptr) < 0) return NULL;
+        if (fc_data_ptr(t, &ptr) < 0) goto fail;
         fc_set_ptr(a.c, off, ptr);
     }
     device = PyObject_GetAttr(q, fc_s_device);
@@ -459,8 +469,10 @@ static PyObject *fc_call(PyObject *self, PyObject *args) {
         goto fail;
     }
     Py_DECREF(device);
+    Py_XDECREF(sink32);
     return made;
 fail:
+    Py_XDECREF(sink32);
     Py_XDECREF(ws);
     Py_XDECREF(made);
     Py_XDECREF(device);
@@ -515,9 +527,11 @@ static struct PyModuleDef fc_module = {
 PyMODINIT_FUNC PyInit__fastcall(void) {
     PyObject **names[] = {&fc_s_get_device, &fc_s_stride, &fc_s_shape, &fc_s_dtype,
                           &fc_s_is_cpu, &fc_s_is_cuda, &fc_s_requires_grad, &fc_s_is_neg,
-                          &fc_s_data_ptr, &fc_s_device, &fc_k_dtype, &fc_k_device};
+                          &fc_s_data_ptr, &fc_s_device, &fc_s_float, &fc_k_dtype,
+                          &fc_k_device};
     const char *text[] = {"get_device", "stride", "shape", "dtype", "is_cpu", "is_cuda",
-                          "requires_grad", "is_neg", "data_ptr", "device", "dtype", "device"};
+                          "requires_grad", "is_neg", "data_ptr", "device", "float", "dtype",
+                          "device"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!(*names[i] = PyUnicode_InternFromString(text[i]))) return NULL;
     PyObject *m = PyModule_Create(&fc_module);

@@ -783,8 +783,9 @@ flash_attn_varlen_kvpacked_func.__doc__ = """flash_attn_varlen_func on q and kv 
 # which validates every argument again as always (on CUDA with a workspace of the size it
 # asks for, as every call). Only for calls _direct would run directly (autograd records
 # nothing), with every tensor on q's device and plain scalar options, that no step
-# changes on the way (no copy by _maybe_contiguous or _sink32, no dropout, cache_seqlens
-# not an int); others go the whole way every time. The signature's key and the call are
+# changes on the way (no copy by _maybe_contiguous, no dropout, cache_seqlens not an int;
+# but for a bf16 or fp16 learnable_sink, which each prepared call casts to fp32 as
+# _sink32 does); others go the whole way every time. The signature's key and the call are
 # _fastcall.c's where the package has it (_lib.fastcall: the same steps in C, about half
 # the time of a small call: bench/NOTES.md, session 41), else the Python below.
 _PREPARED_MAX = 64  # signatures kept; the table is emptied when it is full
@@ -828,7 +829,9 @@ class _Recipe:
         """The key of a call (_prepared's), or None when the call must go the whole way:
         one _direct would not run directly, an option that is not a plain scalar, a
         tensor that is not on q's device (an int cache_seqlens included) or needs a copy
-        on the way (a last stride other than 1, a sink not in fp32)."""
+        on the way (a last stride other than 1). A sink of a 16-bit dtype, which _sink32
+        casts to fp32 on the way, is keyed by its dtype like any tensor: each prepared
+        call casts it too (call)."""
         if not self.ready:
             return None
         if _fast is not None:  # (torch.compile must not trace into C: it asks first)
@@ -852,9 +855,6 @@ class _Recipe:
             if stride and stride[-1] != 1 and t.shape[-1] > 1:  # (a 0-dim tensor has none)
                 return None
             key.append((t.shape, stride, t.dtype))
-        sink = tensors[-1]  # every recipe's last field
-        if sink is not None and sink.dtype != torch.float32:
-            return None
         return tuple(key)
 
     def call(self, entry, tensors):
@@ -865,6 +865,8 @@ class _Recipe:
             if made is not None:  # (None: q's CUDA device is not the current one)
                 return made
         _, _, template, params, _, fields, outputs, mutated, _, rename = entry
+        sink = _sink32(tensors[-1])  # (a copy: alive until the library has been called)
+        tensors = tensors[:-1] + (sink,)
         args = self.struct.from_buffer_copy(template)
         base = ctypes.addressof(args)
         for offset, i in fields:

@@ -512,8 +512,8 @@ def test_kvcache_prepared(device, lse, direct_calls, monkeypatch):
     caches, cache_seqlens' values) run prepared, bit for bit what the op gives, caches
     updated and their versions moved; on the CPU, a bad cache_seqlens value fails
     prepared as it fails the whole way (CUDA clamps it). Another option is another
-    signature; a bf16 sink, a last stride of 2 and an int cache_seqlens are never
-    prepared."""
+    signature, and so is a bf16 sink (each call casts its values, new ones each call
+    here); a last stride of 2 and an int cache_seqlens are never prepared."""
     dt = torch.bfloat16 if device == "cuda" else torch.float32  # (CUDA: 16-bit only)
     angle = rand(10, 4, seed=43).to(device, dt)
     kw = dict(rotary_cos=angle.cos(), rotary_sin=angle.sin(), causal=True,
@@ -571,17 +571,20 @@ def test_kvcache_prepared(device, lse, direct_calls, monkeypatch):
         assert all(torch.equal(g, w) for g, w in zip(run(args, softcap=3.0),
                                                      via_op(args, softcap=3.0)))
     assert direct_calls[op] == 2 and len(interface._prepared) == 2
-    never = [dict(learnable_sink=rand_on(4, seed=120).bfloat16()),
-             dict(q=rand_on(2, 2, 4, 32, seed=121)[..., ::2]), dict(cache_seqlens=3)]
+    for seed in (120, 122, 124):
+        args, sink = args_on(seed, [3, 6]), rand_on(4, seed=seed + 1).bfloat16()
+        got, want = run(args, learnable_sink=sink), via_op(args, learnable_sink=sink)
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), seed
+    assert direct_calls[op] == 3 and len(interface._prepared) == 3
+    never = [dict(q=rand_on(2, 2, 4, 32, seed=121)[..., ::2]), dict(cache_seqlens=3)]
     for over in never:
-        args = args_on(130, [3, 6], **{k: t for k, t in over.items() if k != "learnable_sink"})
-        sink = over.get("learnable_sink")
+        args = args_on(130, [3, 6], **over)
         for _ in range(2):
             calls = direct_calls[op]
-            got, want = run(args, learnable_sink=sink), via_op(args, learnable_sink=sink)
+            got, want = run(args), via_op(args)
             assert direct_calls[op] == calls + 1
             assert all(torch.equal(g, w) for g, w in zip(got, want))
-    assert len(interface._prepared) == 2
+    assert len(interface._prepared) == 3
 
 
 def test_kvcache_prepared_keys(direct_calls):
@@ -636,17 +639,20 @@ def test_kvcache_prepared_keys(direct_calls):
 
 # ---- flash_attn_func's prepared calls ----
 def func_inputs(seed, device, dtype, b=2, sq=3, sk=5, h=4, hk=2, d=40, dv=None, alibi=None,
-                sink=False):
+                sink=None):
     """Fresh flash_attn_func inputs of seed on device: (q, k, v) of dtype (v's head dim dv,
     default d) and {alibi_slopes: fp32 (nheads,) for alibi "h", (batch, nheads) for "bh",
-    else None; learnable_sink: fp32 (nheads,) with sink, else None}."""
+    else None; learnable_sink: (nheads,) of dtype sink (True: fp32) where given, else
+    None}."""
     q = rand(b, sq, h, d, device=device, dtype=dtype, seed=seed)
     k = rand(b, sk, hk, d, device=device, dtype=dtype, seed=seed + 1)
     v = rand(b, sk, hk, dv or d, device=device, dtype=dtype, seed=seed + 2)
     slopes = None if alibi is None else \
         rand(*((h,) if alibi == "h" else (b, h)), device=device, seed=seed + 3).abs()
     return (q, k, v), dict(alibi_slopes=slopes,
-                           learnable_sink=rand(h, device=device, seed=seed + 4) if sink else None)
+                           learnable_sink=None if sink is None else
+                           rand(h, device=device, seed=seed + 4).to(
+                               torch.float32 if sink is True else sink))
 
 
 def func_dtype(name, device):
@@ -675,8 +681,8 @@ def same(got, want):
 
 # name -> (func_inputs' shape arguments, flash_attn_func's options, func_dtype's name):
 # GQA and MQA, seqlen_q <, = and > seqlen_k (decode), head dims 40, 72 and 16 (v's 24),
-# ALiBi (nheads,) and (batch, nheads), an fp32 learnable sink, causal, windows, softcap,
-# a given softmax_scale
+# ALiBi (nheads,) and (batch, nheads), a learnable sink in fp32, bf16 and fp16 (cast to
+# fp32 by each call), causal, windows, softcap, a given softmax_scale
 FUNC_PREPARED = {
     "causal-gqa-d40": (dict(sq=3, sk=5, d=40), dict(causal=True), "bf16"),
     "window-softcap-alibi-mqa-d72": (dict(sq=6, sk=4, hk=1, d=72, alibi="h"),
@@ -686,6 +692,8 @@ FUNC_PREPARED = {
                                "other"),
     "decode-sink-softcap": (dict(b=1, sq=1, sk=9, h=2, hk=2, sink=True), dict(softcap=2.0),
                             "bf16"),
+    "decode-bf16-sink": (dict(b=1, sq=1, sk=9, h=8, hk=2, sink=torch.bfloat16), {}, "bf16"),
+    "causal-fp16-sink": (dict(sq=3, sk=5, sink=torch.float16), dict(causal=True), "other"),
 }
 
 
@@ -728,8 +736,7 @@ def test_func_prepared(device, probs, case, direct_calls, monkeypatch):
 def test_func_not_prepared(device, direct_calls, monkeypatch):
     """Calls that go the whole way every time (the op's function runs, nothing is
     recorded) though a plain call of the same shapes is prepared, with the results of the
-    op: dropout (reproducible with torch.manual_seed), a bf16 learnable sink (cast on the
-    way), q with a last stride of 2 (copied on the way), softcap given as a tensor (its
+    op: dropout (reproducible with torch.manual_seed), q with a last stride of 2 (copied on the way), softcap given as a tensor (its
     value can change in place), a call without keys (answered without the library), and
     the packed functions. Their results are the op's bit for bit."""
     dtype = func_dtype("other", device)
@@ -741,12 +748,10 @@ def test_func_not_prepared(device, direct_calls, monkeypatch):
     wide = rand(2, 5, 4, 32, device=device, dtype=dtype, seed=601)[..., ::2]
     cap = torch.tensor(1.0, device="cpu")
     no_keys = (q, k[:, :0], v[:, :0])
-    sink16 = rand(4, device=device, seed=602).bfloat16()
     func = flashc.flash_attn_func
     cases = {
         "dropout": (func, (q, k, v), dict(dropout_p=0.25, return_attn_probs=True)),
         "dropout-0.5": (func, (q, k, v), dict(dropout_p=0.5)),
-        "bf16-sink": (func, (q, k, v), dict(learnable_sink=sink16, return_attn_probs=True)),
         "q-last-stride-2": (func, (wide, k, v), {}),
         "softcap-tensor": (func, (q, k, v), dict(softcap=cap)),
         "no-keys": (func, no_keys, dict(return_attn_probs=True)),
