@@ -188,6 +188,10 @@ static PyObject *fc_key_of(PyObject *self, PyObject *args) {
                           &options))
         return NULL;
     Py_ssize_t nt = PyTuple_Size(tensors);
+    if (!fc_plain_types) {
+        PyErr_SetString(PyExc_RuntimeError, "_fastcall.key before _fastcall.setup");
+        return NULL;
+    }
     PyObject *q = nt > 0 ? PyTuple_GetItem(tensors, 0) : NULL;
     if (!q || !fc_plain(q)) Py_RETURN_NONE;
     int grad = 0, direct = fc_direct_globals(&grad);
@@ -408,7 +412,8 @@ static PyObject *fc_call(PyObject *self, PyObject *args) {
             if (!dtype) goto fail;
             int cast = dtype != fc_fp32;
             Py_DECREF(dtype);
-            /* a bf16 or fp16 one is cast on the way, as _sink32 does; the copy lives until
+            /* a bf16 or fp16 one (the key's other floating dtypes) is cast, as _sink32 casts
+             * it on the whole way, so a recorded call has no other; the copy lives until
              * the library has been called, which on CUDA is stream-ordered after the cast */
             if (cast && !(t = sink32 = PyObject_CallMethodObjArgs(t, fc_s_float, NULL)))
                 goto fail;

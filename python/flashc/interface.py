@@ -784,8 +784,8 @@ flash_attn_varlen_kvpacked_func.__doc__ = """flash_attn_varlen_func on q and kv 
 # asks for, as every call). Only for calls _direct would run directly (autograd records
 # nothing), with every tensor on q's device and plain scalar options, that no step
 # changes on the way (no copy by _maybe_contiguous, no dropout, cache_seqlens not an int;
-# but for a bf16 or fp16 learnable_sink, which each prepared call casts to fp32 as
-# _sink32 does); others go the whole way every time. The signature's key and the call are
+# but for a learnable_sink of another floating dtype than fp32, which each prepared call
+# casts to fp32 as _sink32 does); others go the whole way every time. The signature's key and the call are
 # _fastcall.c's where the package has it (_lib.fastcall: the same steps in C, about half
 # the time of a small call: bench/NOTES.md, session 41), else the Python below.
 _PREPARED_MAX = 64  # signatures kept; the table is emptied when it is full
@@ -829,9 +829,9 @@ class _Recipe:
         """The key of a call (_prepared's), or None when the call must go the whole way:
         one _direct would not run directly, an option that is not a plain scalar, a
         tensor that is not on q's device (an int cache_seqlens included) or needs a copy
-        on the way (a last stride other than 1). A sink of a 16-bit dtype, which _sink32
-        casts to fp32 on the way, is keyed by its dtype like any tensor: each prepared
-        call casts it too (call)."""
+        on the way (a last stride other than 1). A sink of another floating dtype than
+        fp32, which _sink32 casts on the way, is keyed by its dtype like any tensor: each
+        prepared call casts it too (call; _fastcall's key takes bf16 and fp16 ones)."""
         if not self.ready:
             return None
         if _fast is not None:  # (torch.compile must not trace into C: it asks first)

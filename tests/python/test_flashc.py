@@ -283,7 +283,7 @@ def test_fastcall_loading(tmp_path, monkeypatch):
     """_lib._load_fastcall takes the _fastcall module beside the library when it loads and
     speaks this package's protocol; else (none there, a file that does not load, another
     protocol) None, or under FLASHC_FASTCALL=1 an ImportError that says which; under
-    FLASHC_FASTCALL=0 None whatever is there."""
+    FLASHC_FASTCALL=0 None whatever is there. A module not set up refuses its calls."""
     import shutil
     lib = flashc._lib
     built = lib.fastcall.__file__ if lib.fastcall is not None else None
@@ -307,6 +307,10 @@ def test_fastcall_loading(tmp_path, monkeypatch):
     shutil.copyfile(built, module)
     for want in ("", "1"):
         assert load(want).PROTOCOL == lib.FASTCALL_PROTOCOL
+    fresh = load("1")  # (a copy: its own state, setup never called)
+    for call in (lambda: fresh.key(0, (torch.zeros(1),), ()), lambda: fresh.call((), ())):
+        with pytest.raises(RuntimeError, match="before _fastcall.setup"):
+            call()
     assert load("0") is None
     monkeypatch.setattr(lib, "FASTCALL_PROTOCOL", lib.FASTCALL_PROTOCOL + 1)
     refused("speaks protocol %d" % (lib.FASTCALL_PROTOCOL - 1))

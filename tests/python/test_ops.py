@@ -732,6 +732,28 @@ def test_func_prepared(device, probs, case, direct_calls, monkeypatch):
         assert same(got, want)
 
 
+def test_prepared_sink_cast_freed(direct_calls, monkeypatch):
+    """The fp32 copy a prepared call casts a bf16 sink to is the call's own: none is alive
+    after the calls (a copy kept would leak one a call)."""
+    import gc
+    import weakref
+    (q, k, v), tensors = func_inputs(700, "cpu", torch.bfloat16, sink=torch.bfloat16)
+    flashc.flash_attn_func(q, k, v, **tensors)
+    made, cast = [], torch.Tensor.float
+
+    def spy(self, *args, **kw):
+        copy = cast(self, *args, **kw)
+        made.append(weakref.ref(copy))
+        return copy
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.Tensor, "float", spy)
+        for _ in range(3):
+            flashc.flash_attn_func(q, k, v, **tensors)
+    gc.collect()
+    assert direct_calls[interface._fwd] == 1 and len(made) == 3
+    assert all(w() is None for w in made)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_func_not_prepared(device, direct_calls, monkeypatch):
     """Calls that go the whole way every time (the op's function runs, nothing is
@@ -1155,7 +1177,7 @@ def test_direct_parameter(direct_calls, monkeypatch):
     or requires_grad False) they run directly and, repeated, prepared, with the results of
     plain tensors through the op bit for bit. A sink that requires grad under grad mode
     goes through the op and gets its gradient; a subclass of nn.Parameter goes through
-    the op."""
+    the op, neither direct nor prepared."""
     Parameter = torch.nn.Parameter
     q, k, v = batched(BATCHED[0])
     h = q.shape[2]
@@ -1175,6 +1197,8 @@ def test_direct_parameter(direct_calls, monkeypatch):
         "kvcache-sink-no-grad": (
             lambda: kv_param(*(Parameter(c, requires_grad=False) for c in make())),
             lambda: kv_plain(*make()), interface._fwd_kvcache, False),
+        "q-frozen": (lambda: flashc.flash_attn_func(Parameter(q, requires_grad=False), k, v),
+                     lambda: flashc.flash_attn_func(q, k, v), interface._fwd, True),
     }
     for name, (with_params, plain, op, grad) in cases.items():
         with monkeypatch.context() as patch:
@@ -1198,10 +1222,11 @@ def test_direct_parameter(direct_calls, monkeypatch):
 
     class Sub(Parameter):
         pass
+    prepared = len(interface._prepared)
     with torch.no_grad():  # (options of their own: no signature prepared by a plain call)
         got = [flashc.flash_attn_func(q, k, v, window_size=(2, 0), learnable_sink=Sub(sink))
                for _ in range(2)]
-    assert direct_calls[interface._fwd] == calls
+    assert direct_calls[interface._fwd] == calls and len(interface._prepared) == prepared
     want = func_via_op(monkeypatch, q, k, v, window_size=(2, 0), learnable_sink=sink)
     assert all(torch.equal(g, want) for g in got)
 
