@@ -274,8 +274,10 @@ FLASHC_API flashc_params flashc_params_default(void);
  *   them after the forward with a plain kernel from the forward's lse (O(B H Sq Sk
  *   D) work: a testing aid), which without softmax_lse lives in the workspace
  *   (4 H B Sq bytes more, varlen 4 H total_q: the size query counts them)
- * sink: optional fp32 [H], learnable attention sinks (gpt-oss); default absent
- *   (data NULL: no sink, results bitwise as without the field). Query head h
+ * sink: optional [H] of fp32, fp16 or bf16, whatever q's dtype (a 16-bit sink's
+ *   values are exact in fp32: the same results as its fp32 copy), learnable attention
+ *   sinks (gpt-oss); default absent (data NULL: no sink, results bitwise as without the
+ *   field). Query head h
  *   gets one more logit s_h in the softmax's denominator that takes no value:
  *     out_i = sum_j e^{x_ij} v_j / (e^{s_h} + sum_j e^{x_ij}),
  *     lse_i = log(e^{s_h} + sum_j e^{x_ij}),
@@ -289,7 +291,7 @@ typedef struct flashc_fwd_args {
     flashc_tensor softmax_lse;
     flashc_tensor alibi_slopes;
     flashc_tensor attn_probs;
-    flashc_tensor sink; /* optional fp32 [H]; absent = no sink */
+    flashc_tensor sink; /* optional [H], fp32, fp16 or bf16; absent = no sink */
 } flashc_fwd_args;
 
 /* flashc_fwd() : batched attention forward.
@@ -326,7 +328,7 @@ FLASHC_API flashc_status flashc_fwd_supported(const flashc_fwd_args *args,
  * alibi_slopes: optional fp32 [H] or [B, H]
  * attn_probs: optional fp32 [B, H, max_seqlen_q, max_seqlen_k] (rows/cols past a
  *   sequence's lengths are written 0)
- * sink: optional fp32 [H], as in flashc_fwd_args (one s_h for every sequence) */
+ * sink: optional [H], as in flashc_fwd_args (one s_h for every sequence) */
 typedef struct flashc_varlen_fwd_args {
     uint32_t abi; /* FLASHC_ABI_VERSION */
     flashc_tensor q, k, v;
@@ -338,7 +340,7 @@ typedef struct flashc_varlen_fwd_args {
     flashc_tensor softmax_lse;
     flashc_tensor alibi_slopes;
     flashc_tensor attn_probs;
-    flashc_tensor sink; /* optional fp32 [H]; absent = no sink */
+    flashc_tensor sink; /* optional [H], fp32, fp16 or bf16; absent = no sink */
 } flashc_varlen_fwd_args;
 
 /* flashc_varlen_fwd() : forward over packed variable-length sequences.
@@ -360,7 +362,8 @@ FLASHC_API flashc_status flashc_varlen_fwd_supported(const flashc_varlen_fwd_arg
  * dropout seed and offset). With GQA, dk/dv hold the sum over each KV head's
  * query group. params.deterministic = 1 makes dq, dk, dv bitwise identical from
  * run to run (the CPU backend always is).
- * sink: optional fp32 [H], the forward's sink (softmax_lse then includes it);
+ * sink: optional [H] (fp32, fp16 or bf16), the forward's sink (softmax_lse then
+ *   includes it);
  *   default absent. dq, dk, dv need nothing else: P = e^{x - lse}.
  * dsink: optional fp32 [H], only with sink; default absent (not computed).
  *   Written, not accumulated (as flash_attn's gradients):
@@ -372,7 +375,7 @@ typedef struct flashc_bwd_args {
     flashc_tensor softmax_lse;
     flashc_tensor dq, dk, dv;
     flashc_tensor alibi_slopes;
-    flashc_tensor sink;  /* optional fp32 [H]; absent = no sink */
+    flashc_tensor sink;  /* optional [H], fp32, fp16 or bf16; absent = no sink */
     flashc_tensor dsink; /* optional fp32 [H] output, only with sink; absent = not computed */
 } flashc_bwd_args;
 
@@ -397,7 +400,7 @@ typedef struct flashc_varlen_bwd_args {
     flashc_tensor cu_seqlens_q, cu_seqlens_k;
     int64_t max_seqlen_q, max_seqlen_k;
     flashc_tensor alibi_slopes;
-    flashc_tensor sink;  /* optional fp32 [H]; absent = no sink */
+    flashc_tensor sink;  /* optional [H], fp32, fp16 or bf16; absent = no sink */
     flashc_tensor dsink; /* optional fp32 [H] output, only with sink; absent = not computed */
 } flashc_varlen_bwd_args;
 
@@ -433,7 +436,7 @@ FLASHC_API flashc_status flashc_varlen_bwd_supported(const flashc_varlen_bwd_arg
  *   with an edge below the cache's rows (S_c, or max_blocks * page_size; an edge
  *   at or past them is no edge), else at cache_seqlens[b] (as flash_attn)
  * alibi_slopes: optional fp32 [H] or [B, H]
- * sink: optional fp32 [H], as in flashc_fwd_args; default absent
+ * sink: optional [H], as in flashc_fwd_args; default absent
  * out: [B, Sq, H, Dv]  softmax_lse: optional fp32 [B, H, Sq]
  * The keys of b are cache rows cache_leftpad[b] .. cache_seqlens[b] + S_new - 1;
  * masks are aligned to their bottom-right corner as in flashc_fwd().
@@ -455,7 +458,7 @@ typedef struct flashc_kvcache_args {
     flashc_tensor alibi_slopes;
     flashc_tensor out;
     flashc_tensor softmax_lse;
-    flashc_tensor sink; /* optional fp32 [H]; absent = no sink */
+    flashc_tensor sink; /* optional [H], fp32, fp16 or bf16; absent = no sink */
 } flashc_kvcache_args;
 
 /* flashc_fwd_kvcache() : attention of q over a KV cache, with optional in-place

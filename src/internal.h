@@ -140,8 +140,9 @@ typedef struct fc_attn {
     bool causal;          /* informational: window_right == 0 came from causal */
     const float *alibi;   /* slope of (b, h) = alibi[b*alibi_s_batch + h], or NULL */
     int64_t alibi_s_batch;/* 0 for slopes [H] */
-    const float *sink;    /* learnable sink logit of head h = sink[h*sink_s], or NULL */
+    const void *sink;     /* learnable sink logit of head h = sink[h*sink_s], or NULL */
     int64_t sink_s;
+    flashc_dtype sink_dtype; /* fp32, fp16 or bf16 */
     float *dsink;         /* backward: dsink[h*dsink_s] written, or NULL (only with sink) */
     int64_t dsink_s;
     float dropout_p;      /* 0 = off */
@@ -194,8 +195,6 @@ static inline float fc_alibi_slope(const fc_attn *a, int64_t b, int64_t h) {
     return a->alibi ? a->alibi[b * a->alibi_s_batch + h] : 0.0f;
 }
 
-/* Sink logit of head h (flashc.h, flashc_fwd_args.sink); only with a->sink. */
-static inline float fc_sink_logit(const fc_attn *a, int64_t h) { return a->sink[h * a->sink_s]; }
 
 /* Visible key range of query row i in a sequence of lengths (sq, sk): keys
  * j in [*lo, *hi) (empty when *lo >= *hi), common/window.h's rule (bottom-right
@@ -242,6 +241,11 @@ static inline void fc_store(flashc_dtype dt, void *p, int64_t i, float v) {
     case FLASHC_DTYPE_FP16: ((uint16_t *)p)[i] = fc_float_to_half(v); break;
     default: ((uint16_t *)p)[i] = fc_float_to_bf16(v); break;
     }
+}
+/* Sink logit of head h (flashc.h, flashc_fwd_args.sink) as fp32 (exact from fp16 or
+ * bf16); only with a->sink. */
+static inline float fc_sink_logit(const fc_attn *a, int64_t h) {
+    return fc_load(a->sink_dtype, a->sink, h * a->sink_s);
 }
 /* Round a float to dtype dt and back (the value a store then load would give). */
 static inline float fc_round_to(flashc_dtype dt, float v) {

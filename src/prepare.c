@@ -68,7 +68,7 @@ typedef struct fc_dim {
 #define FC_VAL(v, name) ((fc_dim){(v), (name), -1})
 
 typedef enum {
-    FC_DT_FLOAT,        /* fp32, fp16 or bf16 (q itself) */
+    FC_DT_FLOAT,        /* fp32, fp16 or bf16 (q itself, a sink) */
     FC_DT_LIKE,         /* the dtype of role.like */
     FC_DT_FP32,
     FC_DT_INT32,
@@ -293,12 +293,12 @@ static flashc_status fc_check_alibi(fc_ctx *c, const flashc_tensor *t) {
     return fc_check_tensor(c, t, &r);
 }
 
-/* sink (name "sink") or dsink: fp32 [H]. dsink only with a sink. */
+/* sink (name "sink": fp32, fp16 or bf16 [H]) or dsink (fp32 [H], only with a sink). */
 static flashc_status fc_check_sink(fc_ctx *c, const flashc_tensor *t, const char *name,
                                    const flashc_tensor *sink) {
     if (!t || !t->data) return FLASHC_OK;
     if (sink) FC_CHECK_ARG(sink->data, "%s is given but sink is absent: dsink is the sink's gradient", name);
-    fc_role r = {name, "[H]", 1, FC_DT_FP32, NULL, NULL, {{0}}};
+    fc_role r = {name, "[H]", 1, sink ? FC_DT_FP32 : FC_DT_FLOAT, NULL, NULL, {{0}}};
     r.dim[0] = FC_AS(c->q, "q", c->q->ndim - 2);
     return fc_check_tensor(c, t, &r);
 }
@@ -517,8 +517,9 @@ static void fc_set_extras(fc_attn *a, const flashc_tensor *lse, const flashc_ten
 /* sink and dsink of a, from validated tensors (each may be absent or NULL). */
 static void fc_set_sink(fc_attn *a, const flashc_tensor *sink, const flashc_tensor *dsink) {
     if (sink && sink->data) {
-        a->sink = (const float *)sink->data;
+        a->sink = sink->data;
         a->sink_s = sink->stride[0];
+        a->sink_dtype = sink->dtype;
     }
     if (dsink && dsink->data) {
         a->dsink = (float *)dsink->data;

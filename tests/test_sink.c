@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "support/reference.h"
@@ -24,13 +25,16 @@
 
 // ---- shared ----
 
-/* A sink tensor fp32 [H] in b: uniform [-2, 3), head 0 at 12, head H-1 at -30. */
-static flashc_tensor sk_sink_new(th_buf *b, int64_t H) {
-    flashc_tensor t = th_new(b, FLASHC_DTYPE_FP32, 1, (int64_t[]){H}, TH_CONTIG, -2.0, 3.0);
-    float *s = (float *)t.data;
+/* A sink tensor [H] of dtype dt (fp32, fp16 or bf16: the library reads each) in b:
+ * uniform [-2, 3), head 0 at 12, head H-1 at -30. */
+static flashc_tensor sk_sink_new(th_buf *b, int64_t H, flashc_dtype dt) {
+    flashc_tensor t = th_new(b, dt, 1, (int64_t[]){H}, TH_CONTIG, -2.0, 3.0);
     if (H >= 2) {
-        s[0] = 12.0f;
-        s[H - 1] = -30.0f;
+        double *s = th_to_double(&t);
+        s[0] = 12.0;
+        s[H - 1] = -30.0;
+        th_store_dense(&t, s);
+        free(s);
     }
     return t;
 }
@@ -46,7 +50,7 @@ static void sk_same_bits(const char *what, const flashc_tensor *got, const doubl
 /* Rows of the reference that see no key (out row all 0 and lse == s_h) must give
  * exactly out = 0 and lse = s_h. out [B, Sq, H, D], lse [B, H, Sq] dense. */
 static int64_t sk_check_empty_rows(const double *o64, const double *l64, const double *out,
-                                   const double *lse, const float *sink, int64_t B, int64_t Sq,
+                                   const double *lse, const double *sink, int64_t B, int64_t Sq,
                                    int64_t H, int64_t D) {
     int64_t rows = 0;
     for (int64_t b = 0; b < B; b++)
@@ -140,7 +144,7 @@ static flashc_bwd_args sk_bwd_of(const flashc_fwd_args *f, th_arena *ar, const i
 // ---- batched forward and backward ----
 
 typedef struct sk_case {
-    flashc_dtype dt;
+    flashc_dtype dt, sink_dt; /* q's, the sink's */
     int B, Sq, Sk, H, Hk, D;
     th_opts o;
     int simd;
@@ -164,7 +168,7 @@ static void sk_body(const sk_case *c, th_arena *ar) {
     f.v = th_new(th_buf_in(ar), dt, 4, ks, TH_CONTIG, -1.0, 1.0);
     f.alibi_slopes = th_alibi_new(th_buf_in(ar), c->o.alibi, B, H);
     th_buf *sinkb = th_buf_in(ar);
-    f.sink = sk_sink_new(sinkb, H);
+    f.sink = sk_sink_new(sinkb, H, c->sink_dt);
     th_snapshot(sinkb);
     th_buf *ob = th_buf_in(ar), *lb = th_buf_in(ar), *pb = th_buf_in(ar);
     f.out = th_new_out(ob, dt, 4, qs, TH_CONTIG);
@@ -203,7 +207,7 @@ static void sk_body(const sk_case *c, th_arena *ar) {
     th_check("lse", dt, &f.softmax_lse, l64, llp);
     if (c->probs) th_check("probs", dt, &f.attn_probs, p64, plp);
     sk_check_empty_rows(o64, l64, (double *)th_keep(ar, th_to_double(&f.out)),
-                        (double *)th_keep(ar, th_to_double(&f.softmax_lse)), (const float *)f.sink.data,
+                        (double *)th_keep(ar, th_to_double(&f.softmax_lse)), (double *)th_keep(ar, th_to_double(&f.sink)),
                         B, Sq, H, D);
     th_check_outside("out", ob, &f.out, 1);
     th_check_outside("softmax_lse", lb, &f.softmax_lse, 1);
@@ -283,11 +287,13 @@ FC_TEST_REGISTER(sink_sweep) {
                 sk_case *c = &sk_cases[sk_ncases++];
                 int l = n % 5, hh = (n / 5) % 3;
                 n++;
-                *c = (sk_case){dts[d], 2, lens[l][0], lens[l][1], heads[hh][0], heads[hh][1],
-                               dims[(n + s) % 3], opts[o], simds[s], 1, o == 4 || o == 0};
+                /* the sink in q's dtype with every other option, else fp32 */
+                *c = (sk_case){dts[d], o % 2 ? dts[d] : FLASHC_DTYPE_FP32, 2, lens[l][0],
+                               lens[l][1], heads[hh][0], heads[hh][1], dims[(n + s) % 3], opts[o],
+                               simds[s], 1, o == 4 || o == 0};
                 char name[200];
-                snprintf(name, sizeof name, "sink_%s_d%d_%dx%d_h%d_%d", dtn[d], c->D, c->Sq, c->Sk,
-                         c->H, c->Hk);
+                snprintf(name, sizeof name, "sink_%s%s_d%d_%dx%d_h%d_%d", dtn[d],
+                         o % 2 && d < 2 ? "_sink16" : "", c->D, c->Sq, c->Sk, c->H, c->Hk);
                 th_opts_name(name + strlen(name), sizeof name - strlen(name), &c->o);
                 th_env_name(name + strlen(name), sizeof name - strlen(name), c->simd, 0);
                 fc_test_add(name, sk_run, c);
@@ -313,7 +319,7 @@ static void sk_varlen_body(flashc_dtype dt, int causal, th_arena *ar) {
     f.cu_seqlens_k = th_new_i32(th_buf_in(ar), 1, B + 1, cuk);
     f.max_seqlen_q = mq;
     f.max_seqlen_k = mk;
-    f.sink = sk_sink_new(th_buf_in(ar), H);
+    f.sink = sk_sink_new(th_buf_in(ar), H, dt);
     th_buf *ob = th_buf_in(ar), *lb = th_buf_in(ar);
     f.out = th_new_out(ob, dt, 3, (int64_t[]){tq, H, D}, TH_CONTIG);
     f.softmax_lse = th_new_out(lb, FLASHC_DTYPE_FP32, 2, (int64_t[]){H, tq}, TH_CONTIG);
@@ -408,7 +414,7 @@ static void sk_kvcache_body(flashc_dtype dt, int paged, int Sq, th_arena *ar) {
     a.k_new = th_new(th_buf_in(ar), dt, 4, (int64_t[]){B, Snew, Hk, D}, TH_CONTIG, -1.0, 1.0);
     a.v_new = th_new(th_buf_in(ar), dt, 4, (int64_t[]){B, Snew, Hk, D}, TH_CONTIG, -1.0, 1.0);
     a.cache_seqlens = th_new_i32(th_buf_in(ar), 1, B, seqlens);
-    a.sink = sk_sink_new(th_buf_in(ar), H);
+    a.sink = sk_sink_new(th_buf_in(ar), H, dt);
     th_buf *ob = th_buf_in(ar), *lb = th_buf_in(ar);
     a.out = th_new_out(ob, dt, 4, (int64_t[]){B, Sq, H, D}, TH_CONTIG);
     a.softmax_lse = th_new_out(lb, FLASHC_DTYPE_FP32, 3, (int64_t[]){B, H, Sq}, TH_CONTIG);
@@ -424,7 +430,7 @@ static void sk_kvcache_body(flashc_dtype dt, int paged, int Sq, th_arena *ar) {
     th_check("out", dt, &a.out, o64, olp);
     th_check("lse", dt, &a.softmax_lse, l64, llp);
     sk_check_empty_rows(o64, l64, (double *)th_keep(ar, th_to_double(&a.out)),
-                        (double *)th_keep(ar, th_to_double(&a.softmax_lse)), (const float *)a.sink.data,
+                        (double *)th_keep(ar, th_to_double(&a.softmax_lse)), (double *)th_keep(ar, th_to_double(&a.sink)),
                         B, Sq, H, D);
     th_check_outside("out", ob, &a.out, 1);
 }
@@ -558,8 +564,9 @@ FC_TEST(sink_bad_input) {
     f.sink.shape[0] = 3;
     sk_expect_refused(flashc_fwd(&f, &p, NULL, 0), FLASHC_ERR_INVALID_ARG, "sink.shape[0]=3");
     f.sink.shape[0] = 2;
-    f.sink.dtype = FLASHC_DTYPE_BF16;
-    sk_expect_refused(flashc_fwd(&f, &p, NULL, 0), FLASHC_ERR_INVALID_ARG, "sink.dtype=bf16");
+    f.sink.dtype = FLASHC_DTYPE_INT32;
+    sk_expect_refused(flashc_fwd(&f, &p, NULL, 0), FLASHC_ERR_INVALID_ARG,
+                      "sink.dtype=int32 but must be fp32, fp16 or bf16");
     f.sink.dtype = FLASHC_DTYPE_FP32;
     f.sink.ndim = 2;
     f.sink.shape[1] = 1;
@@ -574,6 +581,10 @@ FC_TEST(sink_bad_input) {
     a.sink.ndim = 1;
     a.dsink.shape[0] = 4;
     sk_expect_refused(flashc_bwd(&a, &p, NULL, 0), FLASHC_ERR_INVALID_ARG, "dsink.shape[0]=4");
+    a.dsink.shape[0] = 2;
+    a.dsink.dtype = FLASHC_DTYPE_BF16; /* the gradient is fp32, whatever the sink's dtype */
+    sk_expect_refused(flashc_bwd(&a, &p, NULL, 0), FLASHC_ERR_INVALID_ARG,
+                      "dsink.dtype=bf16 but must be fp32");
     FC_EXPECT_TRUE(isnan(((const float *)a.dsink.data)[0]));
     /* kvcache: a sink of the wrong length */
     flashc_kvcache_args kv = sk_kv_of(&f);
@@ -622,7 +633,7 @@ FC_TEST(sink_bwd_thread_counts) {
     th_arena ar = {0};
     const int64_t qs[4] = {B, Sq, H, D}, ks[4] = {B, Sk, Hk, D}, ls[3] = {B, H, Sq};
     flashc_fwd_args f = sk_fwd_new(&ar, FLASHC_DTYPE_BF16, qs, ks, 3.0);
-    f.sink = sk_sink_new(th_buf_in(&ar), H);
+    f.sink = sk_sink_new(th_buf_in(&ar), H, FLASHC_DTYPE_BF16);
     th_opts o = TH_OPTS_NONE;
     o.causal = 1;
     flashc_params p = th_params(&o);

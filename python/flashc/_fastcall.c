@@ -36,7 +36,6 @@
 /* ---- what setup() hands over ---- */
 static PyObject *fc_plain_types; /* torch.Tensor, nn.Parameter (interface._PLAIN) */
 static PyObject *fc_dtypes;      /* the dtypes flashc takes, in flashc_dtype's order */
-static PyObject *fc_fp32;        /* torch.float32 (the sink's dtype) */
 static PyObject *fc_uint8;       /* torch.uint8 (a CUDA workspace) */
 /* _direct's questions to torch: each answers a false value for a plain call */
 /* (len_torch_dispatch_stack, a torch function mode, the tracing state, the functorch
@@ -48,7 +47,7 @@ static PyObject *fc_current_device, *fc_raw_stream; /* None without CUDA */
 static PyObject *fc_fail;        /* fail(name, status, rename): raises the library's error */
 static PyObject *fc_s_get_device, *fc_s_stride, *fc_s_shape, *fc_s_dtype, *fc_s_is_cpu,
     *fc_s_is_cuda, *fc_s_requires_grad, *fc_s_is_neg, *fc_s_data_ptr, *fc_s_device,
-    *fc_s_float, *fc_k_dtype, *fc_k_device;
+    *fc_k_dtype, *fc_k_device;
 
 enum { FC_MAX_NDIM = 8, FC_MAX_STRUCT = 4096, FC_WORKSPACE_ALIGN = 256 };
 /* The module's PROTOCOL: setup's arguments, the key's and the entry's layout. _lib.py
@@ -382,7 +381,6 @@ static PyObject *fc_call(PyObject *self, PyObject *args) {
     memcpy(p.c, PyBytes_AsString(prm), (size_t)np);
 
     PyObject *q = PyTuple_GetItem(tensors, 0), *device = NULL, *made = NULL, *ws = NULL;
-    PyObject *sink32 = NULL;
     int ok, status = 0;
     void *wp = NULL;
     size_t wbytes = 0;
@@ -406,20 +404,8 @@ static PyObject *fc_call(PyObject *self, PyObject *args) {
         Py_ssize_t off = PyLong_AsSsize_t(PyTuple_GetItem(f, 0));
         Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GetItem(f, 1));
         if (PyErr_Occurred()) goto fail;
-        PyObject *t = PyTuple_GetItem(tensors, at);
-        if (at == PyTuple_Size(tensors) - 1) { /* the sink (every recipe's last), in fp32 */
-            PyObject *dtype = PyObject_GetAttr(t, fc_s_dtype);
-            if (!dtype) goto fail;
-            int cast = dtype != fc_fp32;
-            Py_DECREF(dtype);
-            /* a bf16 or fp16 one (the key's other floating dtypes) is cast, as _sink32 casts
-             * it on the whole way, so a recorded call has no other; the copy lives until
-             * the library has been called, which on CUDA is stream-ordered after the cast */
-            if (cast && !(t = sink32 = PyObject_CallMethodObjArgs(t, fc_s_float, NULL)))
-                goto fail;
-        }
         void *ptr;
-        if (fc_data_ptr(t, &ptr) < 0) goto fail;
+        if (fc_data_ptr(PyTuple_GetItem(tensors, at), &ptr) < 0) goto fail;
         fc_set_ptr(a.c, off, ptr);
     }
     device = PyObject_GetAttr(q, fc_s_device);
@@ -478,10 +464,8 @@ static PyObject *fc_call(PyObject *self, PyObject *args) {
         goto fail;
     }
     Py_DECREF(device);
-    Py_XDECREF(sink32);
     return made;
 fail:
-    Py_XDECREF(sink32);
     Py_XDECREF(ws);
     Py_XDECREF(made);
     Py_XDECREF(device);
@@ -505,13 +489,6 @@ static PyObject *fc_setup(PyObject *self, PyObject *args) {
         Py_XDECREF(*slot[i]);
         *slot[i] = v[i];
     }
-    if (PyTuple_Size(fc_dtypes) < 1) {
-        PyErr_SetString(PyExc_ValueError, "_fastcall.setup: dtypes starts with torch.float32");
-        return NULL;
-    }
-    Py_XDECREF(fc_fp32);
-    fc_fp32 = PyTuple_GetItem(fc_dtypes, 0);
-    Py_INCREF(fc_fp32);
     PyObject *torch = PyImport_ImportModule("torch");
     if (!torch) return NULL;
     Py_XDECREF(fc_uint8);
@@ -536,11 +513,9 @@ static struct PyModuleDef fc_module = {
 PyMODINIT_FUNC PyInit__fastcall(void) {
     PyObject **names[] = {&fc_s_get_device, &fc_s_stride, &fc_s_shape, &fc_s_dtype,
                           &fc_s_is_cpu, &fc_s_is_cuda, &fc_s_requires_grad, &fc_s_is_neg,
-                          &fc_s_data_ptr, &fc_s_device, &fc_s_float, &fc_k_dtype,
-                          &fc_k_device};
+                          &fc_s_data_ptr, &fc_s_device, &fc_k_dtype, &fc_k_device};
     const char *text[] = {"get_device", "stride", "shape", "dtype", "is_cpu", "is_cuda",
-                          "requires_grad", "is_neg", "data_ptr", "device", "float", "dtype",
-                          "device"};
+                          "requires_grad", "is_neg", "data_ptr", "device", "dtype", "device"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!(*names[i] = PyUnicode_InternFromString(text[i]))) return NULL;
     PyObject *m = PyModule_Create(&fc_module);

@@ -39,10 +39,10 @@ Where flashc differs from flash_attn on purpose:
 - a backward through flash_attn_varlen_func with block_table raises FlashcError
   (the C varlen backward has no paged layout; flash_attn has no such backward either).
 - learnable_sink= (keyword only, after flash_attn 2's parameters, on every function):
-  learnable attention sinks as gpt-oss uses them, (nheads,) of any floating dtype (fp32
-  inside: a bf16 or fp16 sink is cast, and its gradient comes back in its dtype),
-  differentiable; the ops take it (fp32) as their last argument (and the backward ops a
-  dsink output after it).
+  learnable attention sinks as gpt-oss uses them, (nheads,) of any floating dtype (the
+  library reads fp32, fp16 and bf16 as they are; another, fp64, is cast to fp32), its
+  gradient in its dtype, differentiable; the ops take it as their last argument (and the
+  backward ops an fp32 dsink output after it).
 
 As flash_attn and PyTorch do: window_size takes any pair of ints (negative or past
 every sequence: unbounded; _window), softmax_scale=0.0 is a scale of 0 (every score 0,
@@ -531,20 +531,22 @@ def _save(ctx, inputs, output, varlen):
 
 def _backward_into(ctx, dout, dq, dk, dv):
     """The backward of the forward call _save saved, written into dq, dk, dv; returns
-    the gradient of the learnable sink (fp32 [H]), or None without one."""
+    the gradient of the learnable sink ([H], its dtype), or None without one."""
     q, k, v, out, lse, alibi_slopes, cu_q, cu_k, sink = ctx.saved_tensors
     dout = _maybe_contiguous(dout)
     dsink = None if sink is None else _empty(sink.shape, sink, torch.float32)
     if ctx.varlen is None:
         _bwd(dout, q, k, v, out, lse, dq, dk, dv, alibi_slopes, *ctx.rest, sink, dsink)
-        return dsink
-    max_q, max_k, paged = ctx.varlen
-    if paged:
-        raise _lib.FlashcError(_lib.ERR_UNSUPPORTED, "flash_attn_varlen_func: no backward "
-                               "through a paged KV cache (block_table) or seqused_k")
-    _varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, alibi_slopes,
-                *ctx.rest, sink, dsink)
-    return dsink
+    else:
+        max_q, max_k, paged = ctx.varlen
+        if paged:
+            raise _lib.FlashcError(_lib.ERR_UNSUPPORTED, "flash_attn_varlen_func: no "
+                                   "backward through a paged KV cache (block_table) or "
+                                   "seqused_k")
+        _varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k,
+                    alibi_slopes, *ctx.rest, sink, dsink)
+    # (a 16-bit sink's gradient in its dtype, as autograd would cast it)
+    return dsink if dsink is None or dsink.dtype == sink.dtype else dsink.to(sink.dtype)
 
 
 def _op_backward(ctx, dout, _dlse, _dprobs):
@@ -603,12 +605,15 @@ def _exporting():
     return bool(is_exporting and is_exporting())
 
 
-def _sink32(sink):
-    """The learnable sink as the library takes it, fp32. A sink of another floating dtype
-    (the parameter of a bf16 model) goes through a differentiable cast, so its gradient
-    comes back in its own dtype; anything else reaches the library, which says what is
-    wrong with it."""
-    if sink is None or sink.dtype == torch.float32 or not sink.is_floating_point():
+_SINK_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # the library's
+
+
+def _sink_arg(sink):
+    """The learnable sink as the library takes it: fp32, fp16 or bf16 as it is (the
+    parameter of a bf16 model read in place, exactly); a sink of another floating dtype
+    (fp64) through a differentiable cast to fp32, so its gradient comes back in its own
+    dtype; anything else reaches the library, which says what is wrong with it."""
+    if sink is None or sink.dtype in _SINK_DTYPES or not sink.is_floating_point():
         return sink
     return sink.float()
 
@@ -617,9 +622,9 @@ def _attention(packing, a, b, c, varlen, dropout_p, softmax_scale, causal, windo
                alibi_slopes, deterministic, return_probs, learnable_sink=None):
     """out, softmax_lse, probs of q, k, v ("" packing) or of a packed qkv or kv (_split);
     the other arguments as _forward_call's. Differentiable (learnable_sink too, of any
-    floating dtype: _sink32). The dropout's (seed, offset) is drawn here, outside
+    floating dtype: _sink_arg). The dropout's (seed, offset) is drawn here, outside
     _FlashAttnFunc, where torch.compile can trace it."""
-    learnable_sink = _sink32(learnable_sink)
+    learnable_sink = _sink_arg(learnable_sink)
     rest = (softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
             return_probs, learnable_sink)
     max_k = (a if packing == "qkv" else b).shape[1] if varlen is None else varlen[3]
@@ -694,8 +699,9 @@ _COMMON_DOC = """
     alibi_slopes: fp32 (nheads,) or (batch, nheads); adds -slope * |i + seqlen_k - seqlen_q - j|.
     deterministic: bitwise-reproducible backward.
     learnable_sink: keyword only (a flashc extension: flash_attn 2's positional
-        parameters stay as they are); (nheads,) of a floating dtype (fp32 inside; a bf16
-        sink, a bf16 model's parameter, gets its gradient in bf16), learnable attention
+        parameters stay as they are); (nheads,) of a floating dtype (fp32, fp16 and bf16
+        read as they are; a bf16 sink, a bf16 model's parameter, gets its gradient in
+        bf16), learnable attention
         sinks (gpt-oss): head h gets one more logit s_h in the softmax's denominator
         that takes no value, so out_i = sum_j e^{x_ij} v_j / (e^{s_h} + sum_j e^{x_ij})
         and softmax_lse includes it; a row without keys gets out 0 and lse s_h. Dropout drops the keys' probabilities only.
@@ -783,9 +789,8 @@ flash_attn_varlen_kvpacked_func.__doc__ = """flash_attn_varlen_func on q and kv 
 # which validates every argument again as always (on CUDA with a workspace of the size it
 # asks for, as every call). Only for calls _direct would run directly (autograd records
 # nothing), with every tensor on q's device and plain scalar options, that no step
-# changes on the way (no copy by _maybe_contiguous, no dropout, cache_seqlens not an int;
-# but for a learnable_sink of another floating dtype than fp32, which each prepared call
-# casts to fp32 as _sink32 does); others go the whole way every time. The signature's key and the call are
+# changes on the way (no copy by _maybe_contiguous or _sink_arg, no dropout, cache_seqlens
+# not an int); others go the whole way every time. The signature's key and the call are
 # _fastcall.c's where the package has it (_lib.fastcall: the same steps in C, about half
 # the time of a small call: bench/NOTES.md, session 41), else the Python below.
 _PREPARED_MAX = 64  # signatures kept; the table is emptied when it is full
@@ -829,9 +834,7 @@ class _Recipe:
         """The key of a call (_prepared's), or None when the call must go the whole way:
         one _direct would not run directly, an option that is not a plain scalar, a
         tensor that is not on q's device (an int cache_seqlens included) or needs a copy
-        on the way (a last stride other than 1). A sink of another floating dtype than
-        fp32, which _sink32 casts on the way, is keyed by its dtype like any tensor: each
-        prepared call casts it too (call; _fastcall's key takes bf16 and fp16 ones)."""
+        on the way (a last stride other than 1, a sink _sink_arg casts: fp64)."""
         if not self.ready:
             return None
         if _fast is not None:  # (torch.compile must not trace into C: it asks first)
@@ -855,6 +858,9 @@ class _Recipe:
             if stride and stride[-1] != 1 and t.shape[-1] > 1:  # (a 0-dim tensor has none)
                 return None
             key.append((t.shape, stride, t.dtype))
+        sink = tensors[-1]  # every recipe's last field
+        if sink is not None and sink.dtype not in _SINK_DTYPES:
+            return None
         return tuple(key)
 
     def call(self, entry, tensors):
@@ -865,8 +871,6 @@ class _Recipe:
             if made is not None:  # (None: q's CUDA device is not the current one)
                 return made
         _, _, template, params, _, fields, outputs, mutated, _, rename = entry
-        sink = _sink32(tensors[-1])  # (a copy: alive until the library has been called)
-        tensors = tensors[:-1] + (sink,)
         args = self.struct.from_buffer_copy(template)
         base = ctypes.addressof(args)
         for offset, i in fields:
@@ -995,7 +999,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                     cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                     alibi_slopes, softmax_scale, causal, window_left,
                                     window_right, softcap, rotary_interleaved, num_splits,
-                                    _sink32(learnable_sink)))
+                                    _sink_arg(learnable_sink)))
     if key is not None and q.numel() and k_cache.numel() and v_cache.numel():
         outputs = (("out", out), ("softmax_lse", lse)) if return_softmax_lse else \
             (("out", out),)

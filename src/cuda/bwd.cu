@@ -284,7 +284,7 @@ extern "C" flashc_status fc_cuda_bwd(const fc_attn *a, void *ws, size_t ws_bytes
         // no key: every row sees the sink alone, delta = 0, so dsink = 0
         if (a->dsink && a->heads > 0) {
             fc_cuda_bwd_params z = {};
-            z.f.sink = a->sink, z.f.sink_s = a->sink_s;
+            z.f.sink = a->sink, z.f.sink_s = a->sink_s, z.f.sink_dtype = a->sink_dtype;
             z.dsink = a->dsink, z.dsink_s = a->dsink_s;
             fc_bwd_dsink_kernel<<<(unsigned)a->heads, kFcBwdPrepThreads, 0, stream>>>(z);
             FC_CUDA_TRY(cudaGetLastError());

@@ -77,8 +77,9 @@ typedef struct fc_cuda_fwd_params {
     // ---- learnable sink (flashc.h flashc_fwd_args.sink) ----
     // Query head h's sink logit sink[h*sink_s] (natural log) joins the softmax
     // denominator of each of its rows (common/softmax.cuh fc_sink_normalise).
-    const float *sink;  // [H], or NULL: no sink
+    const void *sink;    // [H], or NULL: no sink
     int64_t sink_s;
+    int32_t sink_dtype;  // its flashc_dtype: fp32, fp16 or bf16 (fc_sink_value)
     float log2e;  // log2(e): the sink in log2 units
     float ln2;    // ln(2): lse back from log2 units
 } fc_cuda_fwd_params;

@@ -290,6 +290,7 @@ fc_cuda_fwd_params fc_cuda_fwd_make_params(const fc_attn *a) {
 
     p.sink = a->sink;
     p.sink_s = a->sink_s;
+    p.sink_dtype = a->sink_dtype;
     p.log2e = c.log2e;
     p.ln2 = (float)c.ln2;
     return p;

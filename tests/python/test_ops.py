@@ -681,8 +681,8 @@ def same(got, want):
 
 # name -> (func_inputs' shape arguments, flash_attn_func's options, func_dtype's name):
 # GQA and MQA, seqlen_q <, = and > seqlen_k (decode), head dims 40, 72 and 16 (v's 24),
-# ALiBi (nheads,) and (batch, nheads), a learnable sink in fp32, bf16 and fp16 (cast to
-# fp32 by each call), causal, windows, softcap, a given softmax_scale
+# ALiBi (nheads,) and (batch, nheads), a learnable sink in fp32, bf16 and fp16 (the
+# library reads each as it is), causal, windows, softcap, a given softmax_scale
 FUNC_PREPARED = {
     "causal-gqa-d40": (dict(sq=3, sk=5, d=40), dict(causal=True), "bf16"),
     "window-softcap-alibi-mqa-d72": (dict(sq=6, sk=4, hk=1, d=72, alibi="h"),
@@ -732,26 +732,25 @@ def test_func_prepared(device, probs, case, direct_calls, monkeypatch):
         assert same(got, want)
 
 
-def test_prepared_sink_cast_freed(direct_calls, monkeypatch):
-    """The fp32 copy a prepared call casts a bf16 sink to is the call's own: none is alive
-    after the calls (a copy kept would leak one a call)."""
-    import gc
-    import weakref
-    (q, k, v), tensors = func_inputs(700, "cpu", torch.bfloat16, sink=torch.bfloat16)
-    flashc.flash_attn_func(q, k, v, **tensors)
+def test_prepared_sink_dtypes(direct_calls, monkeypatch):
+    """A bf16 or fp16 sink reaches the library as it is, on the whole way and prepared (no
+    cast: Tensor.float is never called); an fp64 sink, which the whole way casts to fp32,
+    is never prepared, and gives the op's results."""
     made, cast = [], torch.Tensor.float
 
     def spy(self, *args, **kw):
-        copy = cast(self, *args, **kw)
-        made.append(weakref.ref(copy))
-        return copy
-    with monkeypatch.context() as patch:
-        patch.setattr(torch.Tensor, "float", spy)
-        for _ in range(3):
-            flashc.flash_attn_func(q, k, v, **tensors)
-    gc.collect()
-    assert direct_calls[interface._fwd] == 1 and len(made) == 3
-    assert all(w() is None for w in made)
+        made.append(self.dtype)
+        return cast(self, *args, **kw)
+    for n, dtype in enumerate((torch.bfloat16, torch.float16, torch.float64)):
+        (q, k, v), tensors = func_inputs(700 + 10 * n, "cpu", torch.bfloat16, sink=dtype)
+        with monkeypatch.context() as patch:
+            patch.setattr(torch.Tensor, "float", spy)
+            got = [flashc.flash_attn_func(q, k, v, **tensors) for _ in range(3)]
+        want = func_via_op(monkeypatch, q, k, v, **tensors)
+        assert all(torch.equal(g, want) for g in got), dtype
+        assert direct_calls[interface._fwd] == (1, 2, 5)[n], dtype  # fp64: every call
+        assert len(interface._prepared) == (1, 2, 2)[n], dtype
+    assert made == [torch.float64] * 3  # the fp64 sink's casts on the whole way
 
 
 @pytest.mark.parametrize("device", DEVICES)

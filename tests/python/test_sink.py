@@ -18,7 +18,7 @@ import torch
 
 import flashc
 from flashc import interface
-from test_flashc import check, cu, rand, ref_attention
+from test_flashc import DEVICES, check, cu, rand, ref_attention
 
 DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -254,17 +254,19 @@ def test_bad_sink():
         flashc.flash_attn_func(q, q, q, learnable_sink=torch.zeros(2, dtype=torch.int32))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("sink_dtype", ["bf16", "fp16"])
-def test_low_precision_sink(sink_dtype):
-    """A bf16 or fp16 sink (the parameter of a model in that dtype) runs as its fp32 value,
-    forward and backward bitwise as an fp32 sink of the same values, through the
-    functions and the kvcache one; its gradient comes back in its dtype, the fp32 sink's
-    gradient rounded."""
+def test_low_precision_sink(sink_dtype, device):
+    """A bf16 or fp16 sink (the parameter of a model in that dtype), which the library
+    reads as it is, runs as its fp32 value: forward and backward bitwise as an fp32 sink
+    of the same values, through flash_attn_func, flash_attn_varlen_func (an empty
+    sequence) and the kvcache function (one key split and several); its gradient comes
+    back in its dtype, the fp32 sink's gradient rounded."""
     b, s, h, hk, d = 2, 9, 4, 2, 16
-    q, k, v = (rand(b, s, n, d, dtype=torch.bfloat16, seed=i)
+    q, k, v = (rand(b, s, n, d, dtype=torch.bfloat16, seed=i).to(device)
                for i, n in ((1, h), (2, hk), (3, hk)))
-    dout = rand(b, s, h, d, dtype=torch.bfloat16, seed=6)
-    low = sink_for(h).to(DT[sink_dtype]).requires_grad_()
+    dout = rand(b, s, h, d, dtype=torch.bfloat16, seed=6).to(device)
+    low = sink_for(h).to(device, DT[sink_dtype]).requires_grad_()
     f32 = low.detach().float().requires_grad_()
     got, want = (flashc.flash_attn_func(q, k, v, causal=True, learnable_sink=t, return_attn_probs=True)
                  for t in (low, f32))
@@ -273,10 +275,19 @@ def test_low_precision_sink(sink_dtype):
     got[0].backward(dout)
     want[0].backward(dout)
     assert low.grad.dtype == low.dtype and torch.equal(low.grad, f32.grad.to(low.dtype))
-    cache = [t.clone() for t in (k, v)]
-    outs = [flashc.flash_attn_with_kvcache(q[:, :1], *cache, cache_seqlens=5, learnable_sink=t)
+    lens = cu([5, 0, 4], device)  # (an empty sequence: its rows get out 0 and lse the sink)
+    flat = [t.reshape(b * s, -1, d)[:9] for t in (q, k, v)]
+    outs = [flashc.flash_attn_varlen_func(*flat, lens, lens, 5, 5, learnable_sink=t,
+                                          return_attn_probs=True)[:2]
             for t in (low.detach(), f32.detach())]
-    assert torch.equal(outs[0], outs[1])
+    assert all(torch.equal(g, w) for g, w in zip(*outs))
+    for splits in (1, 3):
+        cache = [t.clone() for t in (k, v)]
+        outs = [flashc.flash_attn_with_kvcache(q[:, :1], *cache, cache_seqlens=5,
+                                               learnable_sink=t, num_splits=splits,
+                                               return_softmax_lse=True)
+                for t in (low.detach(), f32.detach())]
+        assert all(torch.equal(g, w) for g, w in zip(*outs)), splits
 
 
 # ---- the decode path on CUDA tensors ----

@@ -93,11 +93,12 @@ static void fc_ref_ctx_init(fc_ref_ctx *c, const flashc_params *p, fc_ref_mode m
     c->alibi = alibi;
 }
 
-/* The sink logit of head h, or -inf (no sink: e^-inf adds nothing). */
+/* The sink logit of head h (fp32, fp16 or bf16), or -inf (no sink: e^-inf adds
+ * nothing). */
 static double fc_ref_sink(const fc_ref_ctx *c, int64_t h) {
     const flashc_tensor *t = c->sink;
     if (!t || !t->data) return -INFINITY;
-    return ((const float *)t->data)[h * t->stride[0]];
+    return fc_load(t->dtype, t->data, h * t->stride[0]);
 }
 
 static double fc_ref_slope(const fc_ref_ctx *c, int64_t b, int64_t h) {

@@ -34,6 +34,7 @@
 #include "../bwd_params.h"
 #include "merge.cuh"
 #include "ptx.cuh"
+#include "softmax.cuh"
 
 #define kFcBwdPrepRows 128   // rows per CTA of both kernels
 #define kFcBwdPrepThreads 256
@@ -183,7 +184,7 @@ __global__ void __launch_bounds__(kFcBwdPrepThreads)
     __shared__ float s_part[kFcBwdPrepThreads / 32];
     fc_pdl_launch_dependents();  // the sm90 main kernel (it waits for this one's end)
     const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const float s2 = p.f.sink[(int64_t)h * p.f.sink_s] * p.log2e;
+    const float s2 = fc_sink_value(p.f, h) * p.log2e;
     float acc = 0.0f;
     for (int b = 0; b < p.f.batch; ++b) {
         int sq, tok0;

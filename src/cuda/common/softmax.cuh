@@ -20,6 +20,7 @@
 
 #include <math.h>
 
+#include "flashc.h"
 #include "../params.h"
 #include "ptx.cuh"
 
@@ -53,9 +54,19 @@ struct fc_row_sink {
     float s, s2;
 };
 
+// Query head h's sink logit (p.sink given), from fp16 or bf16 exactly.
+__device__ __forceinline__ float fc_sink_value(const fc_cuda_fwd_params &p, int h) {
+    const int64_t i = (int64_t)h * p.sink_s;
+    switch (p.sink_dtype) {
+    case FLASHC_DTYPE_FP16: return __half2float(static_cast<const __half *>(p.sink)[i]);
+    case FLASHC_DTYPE_BF16: return __bfloat162float(static_cast<const __nv_bfloat16 *>(p.sink)[i]);
+    default: return static_cast<const float *>(p.sink)[i];
+    }
+}
+
 __device__ __forceinline__ fc_row_sink fc_sink_of(const fc_cuda_fwd_params &p, int h) {
     if (!p.sink) return {-INFINITY, -INFINITY};
-    const float s = p.sink[(int64_t)h * p.sink_s];
+    const float s = fc_sink_value(p, h);
     return {s, s * p.log2e};
 }
 
