@@ -531,7 +531,7 @@ def _save(ctx, inputs, output, varlen):
 
 def _backward_into(ctx, dout, dq, dk, dv):
     """The backward of the forward call _save saved, written into dq, dk, dv; returns
-    the gradient of the learnable sink ([H], its dtype), or None without one."""
+    the gradient of the learnable sink (fp32 [H]), or None without one."""
     q, k, v, out, lse, alibi_slopes, cu_q, cu_k, sink = ctx.saved_tensors
     dout = _maybe_contiguous(dout)
     dsink = None if sink is None else _empty(sink.shape, sink, torch.float32)
@@ -545,8 +545,7 @@ def _backward_into(ctx, dout, dq, dk, dv):
                                    "seqused_k")
         _varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k,
                     alibi_slopes, *ctx.rest, sink, dsink)
-    # (a 16-bit sink's gradient in its dtype, as autograd would cast it)
-    return dsink if dsink is None or dsink.dtype == sink.dtype else dsink.to(sink.dtype)
+    return dsink  # (fp32: autograd casts a gradient to its input's dtype, a 16-bit sink's)
 
 
 def _op_backward(ctx, dout, _dlse, _dprobs):
@@ -612,10 +611,12 @@ def _sink_arg(sink):
     """The learnable sink as the library takes it: fp32, fp16 or bf16 as it is (the
     parameter of a bf16 model read in place, exactly); a sink of another floating dtype
     (fp64) through a differentiable cast to fp32, so its gradient comes back in its own
-    dtype; anything else reaches the library, which says what is wrong with it."""
-    if sink is None or sink.dtype in _SINK_DTYPES or not sink.is_floating_point():
+    dtype; a strided one (a column of a sinks-by-layer parameter) through a copy;
+    anything else reaches the library, which says what is wrong with it."""
+    if sink is None or not sink.is_floating_point():
         return sink
-    return sink.float()
+    sink = sink if sink.dtype in _SINK_DTYPES else sink.float()
+    return _maybe_contiguous(sink) if sink.dim() else sink  # (0-dim: the library refuses)
 
 
 def _attention(packing, a, b, c, varlen, dropout_p, softmax_scale, causal, window_size, softcap,

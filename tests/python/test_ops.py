@@ -232,6 +232,10 @@ COMPILED = {
     "func": (lambda q, k, v: weighted(flashc.flash_attn_func(q, k, v, causal=True,
                                                              window_size=(3, 0))),
              lambda: batched(BATCHED[0])),
+    # a bf16 sink (the library reads it as it is; its gradient comes back in bf16)
+    "func-bf16-sink": (lambda q, k, v, s: weighted(flashc.flash_attn_func(
+        q, k, v, causal=True, learnable_sink=s)),
+        lambda: batched(BATCHED[0]) + (rand(BATCHED[0][3], seed=23).bfloat16(),)),
     "qkvpacked": (lambda qkv: weighted(flashc.flash_attn_qkvpacked_func(qkv, causal=True)),
                   lambda: (rand(2, 6, 3, 4, 16, seed=20),)),
     "kvpacked": (lambda q, kv: weighted(flashc.flash_attn_kvpacked_func(q, kv, softcap=2.0)),

@@ -1,5 +1,5 @@
 """test_sink.py : learnable attention sinks (learnable_sink=, issue 20) in the Python package,
-on CPU tensors, against a float64 torch reference by DEVELOPERS.md's rule (check() of
+on CPU tensors (and CUDA ones where named below), against a float64 torch reference by DEVELOPERS.md's rule (check() of
 test_flashc.py), gradients included (the sink's through autograd).
 
 - flash_attn_func with causal (Sq > Sk: rows without keys), window, softcap, ALiBi and GQA;
@@ -10,6 +10,8 @@ test_flashc.py), gradients included (the sink's through autograd).
 - torch.library.opcheck of every op with a sink (and the backward ops' dsink).
 - CUDA tensors (where torch has a GPU): flash_attn_func as above in bf16 and fp16, and a
   decode step over a contiguous and a paged cache, with one key split and several.
+- a bf16 or fp16 sink (read by the library as it is) and a strided one, on every device:
+  bitwise the fp32 sink's results.
 
 Run:  FLASHC_LIBRARY=build/libflashc.so PYTHONPATH=python python3 -m pytest tests/python -q
 """
@@ -272,6 +274,9 @@ def test_low_precision_sink(sink_dtype, device):
                  for t in (low, f32))
     for g, w in zip(got[:2], want[:2]):
         assert torch.equal(g, w)
+    column = torch.stack([low.detach(), -low.detach()], 1)[:, 0]  # a sinks-by-layer column
+    assert column.stride(0) == 2 and torch.equal(
+        flashc.flash_attn_func(q, k, v, causal=True, learnable_sink=column), want[0])
     got[0].backward(dout)
     want[0].backward(dout)
     assert low.grad.dtype == low.dtype and torch.equal(low.grad, f32.grad.to(low.dtype))
