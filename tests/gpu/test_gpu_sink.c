@@ -4,6 +4,8 @@
  *
  * Sinks are drawn in [-2, 3) with head 0 at +12 (the sink takes nearly all the
  * mass) and the last head at -30 (none), as tests/test_sink.c does on the CPU.
+ * Half the sweep's and the decode's cases, and the varlen case, hand the library
+ * the sink in q's 16-bit dtype (gs_sink16: the reference reads the same values).
  *
  * Cases:
  * - the forward and backward sweep (gpu_sink_*): D {40 (zero-padded), 64, 96,
@@ -44,6 +46,27 @@ static void gs_sink_fill(gb_buf *b, int64_t H) {
         s[0] = 12.0f;
         s[H - 1] = -30.0f;
     }
+}
+
+/* A 16-bit sink (the library reads fp16 and bf16 as their fp32 values): sb's host
+ * values rounded to dt in place, so the host side the reference reads holds the
+ * same values, and the device copy in dt, uploaded; NULL on failure. */
+static gb_buf *gs_sink16(gb_arena *ar, gb_buf *sb, flashc_dtype dt, int64_t H) {
+    gb_buf *b = gb_new(ar, (size_t)H * 2);
+    if (!b) return NULL;
+    for (int64_t h = 0; h < H; h++) {
+        fc_set(b->h, dt, h, fc_get(sb->h, FLASHC_DTYPE_FP32, h));
+        ((float *)sb->h)[h] = (float)fc_get(b->h, dt, h);
+    }
+    return gb_upload(b) ? b : NULL;
+}
+
+/* The sink's view on the device (dev 1: s16 in dt where given, else sb in fp32) or on
+ * the host (sb, fp32). */
+static flashc_tensor gs_sink_view(const gb_buf *sb, const gb_buf *s16, flashc_dtype dt, int dev,
+                                  const int64_t *hs, const int64_t *hst) {
+    return dev && s16 ? gb_view(s16, 1, dt, 0, 1, hs, hst)
+                      : gb_view(sb, dev, FLASHC_DTYPE_FP32, 0, 1, hs, hst);
 }
 
 /* Rows that see no key in the reference (lse == the sink and out all 0) must
@@ -161,6 +184,7 @@ typedef struct {
     int64_t b, sq, sk, h, hk, d;
     th_opts o;
     int deterministic;
+    int sink16; /* the sink in dt on the device (gs_sink16), else fp32 */
 } gs_case;
 
 #define GS_MAX_CASES 64
@@ -193,6 +217,8 @@ static void gs_run(const void *param) {
     gb_fill(vb, dt, -1.0, 1.0);
     gb_fill(dob, dt, -1.0, 1.0);
     gs_sink_fill(sb, H);
+    gb_buf *s16 = c->sink16 ? gs_sink16(&ar, sb, dt, H) : NULL;
+    if (c->sink16 && !s16) goto done;
     if (ab)
         for (int64_t h = 0; h < H; h++) ((float *)ab->h)[h] = (float)fc_rand_uniform(0.01, 0.6);
     if (!gb_upload(qb) || !gb_upload(kb) || !gb_upload(vb) || !gb_upload(dob) || !gb_upload(sb) ||
@@ -219,7 +245,7 @@ static void gs_run(const void *param) {
         f->v = x->v = gb_view(vb, dev, dt, 0, 4, ks, kst);
         f->out = x->out = gb_view(ob, dev, dt, 0, 4, qs, qst);
         f->softmax_lse = x->softmax_lse = gb_view(lb, dev, FLASHC_DTYPE_FP32, 0, 3, ls, lst);
-        f->sink = x->sink = gb_view(sb, dev, FLASHC_DTYPE_FP32, 0, 1, hs, hst);
+        f->sink = x->sink = gs_sink_view(sb, s16, dt, dev, hs, hst);
         if (ab)
             f->alibi_slopes = x->alibi_slopes = gb_view(ab, dev, FLASHC_DTYPE_FP32, 0, 1, hs, hst);
         x->dout = gb_view(dob, dev, dt, 0, 4, qs, qst);
@@ -320,12 +346,14 @@ FC_TEST_REGISTER(gpu_sink_sweep) {
                 if (io == 5) o.dropout = 0.17f;
                 c.o = o;
                 c.deterministic = (id + io) % 2;
+                c.sink16 = (io + ig) % 2;
                 if (gs_ncases == GS_MAX_CASES) abort();
                 gs_cases[gs_ncases] = c;
                 char name[128];
-                snprintf(name, sizeof name, "gpu_sink_%s_d%lld_%lldx%lld_h4k%lld_%s%s",
+                snprintf(name, sizeof name, "gpu_sink_%s_d%lld_%lldx%lld_h4k%lld_%s%s%s",
                          flashc_dtype_name(c.dt), (long long)c.d, (long long)c.sq, (long long)c.sk,
-                         (long long)c.hk, opt_names[io], c.deterministic ? "_det" : "");
+                         (long long)c.hk, opt_names[io], c.deterministic ? "_det" : "",
+                         c.sink16 ? "_sink16" : "");
                 fc_test_add(name, gs_run_case, &gs_cases[gs_ncases++]);
             }
 }
@@ -337,6 +365,7 @@ typedef struct {
     int64_t sq, sk, hk, g, d;
     int page;       /* 0: contiguous cache; else rows per page */
     int num_splits; /* params.num_splits */
+    int sink16;     /* the sink in dt on the device (gs_sink16), else fp32 */
 } gsk_case;
 
 static gsk_case gsk_cases[27];
@@ -366,6 +395,8 @@ static void gsk_run(const void *param) {
     gb_fill(kb, dt, -1.0, 1.0);
     gb_fill(vb, dt, -1.0, 1.0);
     gs_sink_fill(sb, H);
+    gb_buf *s16 = c->sink16 ? gs_sink16(&ar, sb, dt, H) : NULL;
+    if (c->sink16 && !s16) goto done;
     if (c->page) {
         /* page bt[b][j] holds rows j*page .. of sequence b */
         int32_t *bt = (int32_t *)btb->h;
@@ -407,7 +438,7 @@ static void gsk_run(const void *param) {
     }
     kv.out = gb_view(ob, 1, dt, 0, 4, qs, qst);
     kv.softmax_lse = gb_view(lb, 1, FLASHC_DTYPE_FP32, 0, 3, ls, lst);
-    kv.sink = gb_view(sb, 1, FLASHC_DTYPE_FP32, 0, 1, hs, hst);
+    kv.sink = gs_sink_view(sb, s16, dt, 1, hs, hst);
     size_t wb = 0;
     GB_OK(flashc_fwd_kvcache_workspace_size(&kv, &p, &wb));
     void *ws = gb_ws(&ar, wb);
@@ -450,11 +481,13 @@ FC_TEST_REGISTER(gpu_sink_kvcache) {
                 c.g = (ip + is) % 2 ? 8 : 1;
                 c.hk = 2;
                 c.sk = c.page ? 1024 : 1000;
+                c.sink16 = (id + ip) % 2;
                 gsk_cases[gsk_ncases] = c;
                 char name[128];
-                snprintf(name, sizeof name, "gpu_sink_kvcache_%s_d%lld_q%lld_g%lld_%s%d_splits%d",
+                snprintf(name, sizeof name, "gpu_sink_kvcache_%s_d%lld_q%lld_g%lld_%s%d_splits%d%s",
                          flashc_dtype_name(c.dt), (long long)c.d, (long long)c.sq, (long long)c.g,
-                         c.page ? "page" : "contig", c.page, c.num_splits);
+                         c.page ? "page" : "contig", c.page, c.num_splits,
+                         c.sink16 ? "_sink16" : "");
                 fc_test_add(name, gsk_run, &gsk_cases[gsk_ncases++]);
             }
 }
@@ -462,7 +495,7 @@ FC_TEST_REGISTER(gpu_sink_kvcache) {
 // ---- varlen: an empty query sequence and an empty key sequence ----
 
 /* Sequences (Sq, Sk): (37, 90), (0, 50), (64, 0), (100, 100); causal, GQA 4:2,
- * D 128, bf16. Checks out, lse and the rows of the keyless sequence exactly,
+ * D 128, bf16, the sink in bf16 too. Checks out, lse and the rows of the keyless sequence exactly,
  * then dq, dk, dv and dsink. */
 FC_TEST(gpu_sink_varlen) {
     enum { NB = 4, H = 4, Hk = 2, D = 128 };
@@ -494,6 +527,8 @@ FC_TEST(gpu_sink_varlen) {
     gb_fill(vb, dt, -1.0, 1.0);
     gb_fill(dob, dt, -1.0, 1.0);
     gs_sink_fill(sb, H);
+    gb_buf *s16 = gs_sink16(&ar, sb, dt, H); /* the sink in bf16 on the device */
+    if (!s16) goto done;
     memcpy(cqb->h, cq, sizeof cq);
     memcpy(ckb->h, ck, sizeof ck);
     if (!gb_upload(qb) || !gb_upload(kb) || !gb_upload(vb) || !gb_upload(dob) || !gb_upload(sb) ||
@@ -522,7 +557,7 @@ FC_TEST(gpu_sink_varlen) {
         x->cu_seqlens_k = gb_view(ckb, dev, FLASHC_DTYPE_INT32, 0, 1, cs, one);
         x->max_seqlen_q = 100;
         x->max_seqlen_k = 100;
-        x->sink = gb_view(sb, dev, FLASHC_DTYPE_FP32, 0, 1, hs, one);
+        x->sink = gs_sink_view(sb, s16, dt, dev, hs, one);
         x->dq = gb_view(dqb, dev, dt, 0, 3, qs, qst);
         x->dk = gb_view(dkb, dev, dt, 0, 3, ks, kst);
         x->dv = gb_view(dvb, dev, dt, 0, 3, ks, kst);
