@@ -207,7 +207,8 @@ static void sk_body(const sk_case *c, th_arena *ar) {
     th_check("lse", dt, &f.softmax_lse, l64, llp);
     if (c->probs) th_check("probs", dt, &f.attn_probs, p64, plp);
     sk_check_empty_rows(o64, l64, (double *)th_keep(ar, th_to_double(&f.out)),
-                        (double *)th_keep(ar, th_to_double(&f.softmax_lse)), (double *)th_keep(ar, th_to_double(&f.sink)),
+                        (double *)th_keep(ar, th_to_double(&f.softmax_lse)),
+                        (double *)th_keep(ar, th_to_double(&f.sink)),
                         B, Sq, H, D);
     th_check_outside("out", ob, &f.out, 1);
     th_check_outside("softmax_lse", lb, &f.softmax_lse, 1);
@@ -293,7 +294,8 @@ FC_TEST_REGISTER(sink_sweep) {
                                simds[s], 1, o == 4 || o == 0};
                 char name[200];
                 snprintf(name, sizeof name, "sink_%s%s_d%d_%dx%d_h%d_%d", dtn[d],
-                         o % 2 && d < 2 ? "_sink16" : "", c->D, c->Sq, c->Sk, c->H, c->Hk);
+                         c->sink_dt != FLASHC_DTYPE_FP32 ? "_sink16" : "", c->D, c->Sq, c->Sk,
+                         c->H, c->Hk);
                 th_opts_name(name + strlen(name), sizeof name - strlen(name), &c->o);
                 th_env_name(name + strlen(name), sizeof name - strlen(name), c->simd, 0);
                 fc_test_add(name, sk_run, c);
@@ -430,7 +432,8 @@ static void sk_kvcache_body(flashc_dtype dt, int paged, int Sq, th_arena *ar) {
     th_check("out", dt, &a.out, o64, olp);
     th_check("lse", dt, &a.softmax_lse, l64, llp);
     sk_check_empty_rows(o64, l64, (double *)th_keep(ar, th_to_double(&a.out)),
-                        (double *)th_keep(ar, th_to_double(&a.softmax_lse)), (double *)th_keep(ar, th_to_double(&a.sink)),
+                        (double *)th_keep(ar, th_to_double(&a.softmax_lse)),
+                        (double *)th_keep(ar, th_to_double(&a.sink)),
                         B, Sq, H, D);
     th_check_outside("out", ob, &a.out, 1);
 }

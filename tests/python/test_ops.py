@@ -761,9 +761,9 @@ def test_prepared_sink_dtypes(direct_calls, monkeypatch):
 def test_func_not_prepared(device, direct_calls, monkeypatch):
     """Calls that go the whole way every time (the op's function runs, nothing is
     recorded) though a plain call of the same shapes is prepared, with the results of the
-    op: dropout (reproducible with torch.manual_seed), q with a last stride of 2 (copied on the way), softcap given as a tensor (its
-    value can change in place), a call without keys (answered without the library), and
-    the packed functions. Their results are the op's bit for bit."""
+    op: dropout (reproducible with torch.manual_seed), q with a last stride of 2 (copied
+    on the way), softcap given as a tensor (its value can change in place), a call
+    without keys (answered without the library), and the packed functions. Their results are the op's bit for bit."""
     dtype = func_dtype("other", device)
     shapes = dict(sq=5, sk=5, h=4, hk=4, d=16)
     (q, k, v), _ = func_inputs(600, device, dtype, **shapes)

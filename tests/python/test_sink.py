@@ -1,6 +1,7 @@
 """test_sink.py : learnable attention sinks (learnable_sink=, issue 20) in the Python package,
-on CPU tensors (and CUDA ones where named below), against a float64 torch reference by DEVELOPERS.md's rule (check() of
-test_flashc.py), gradients included (the sink's through autograd).
+on CPU tensors (and CUDA ones where named below), against a float64 torch reference by
+DEVELOPERS.md's rule (check() of test_flashc.py), gradients included (the sink's through
+autograd).
 
 - flash_attn_func with causal (Sq > Sk: rows without keys), window, softcap, ALiBi and GQA;
   the qkv- and kv-packed functions; flash_attn_varlen_func with an empty sequence;
